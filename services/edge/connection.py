@@ -1,0 +1,91 @@
+"""One client socket: its chats in flight, their stream order, and one writer that owns the socket.
+
+Events for the socket arrive from any router task; they are ordered per request
+synchronously and queued, and a single writer task sends them, so frames never
+interleave or reorder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from services.edge.protocol import encode_frame, event_frame
+from services.edge.stream_order import StreamOrder
+from shared import wire
+
+
+@dataclass
+class Chat:
+    chat_id: str
+    request_id: str
+    order: StreamOrder = field(default_factory=StreamOrder)
+
+
+class Connection:
+    def __init__(self, conn_id: str, tenant: str, websocket: WebSocket) -> None:
+        self.conn_id = conn_id
+        self.tenant = tenant
+        self._websocket = websocket
+        self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
+        self._by_chat: dict[str, Chat] = {}
+        self._by_request: dict[str, Chat] = {}
+
+    # Chats in flight -------------------------------------------------------------
+    def has_chat(self, chat_id: str) -> bool:
+        return chat_id in self._by_chat
+
+    def request_of(self, chat_id: str) -> str | None:
+        chat = self._by_chat.get(chat_id)
+        return chat.request_id if chat else None
+
+    def num_chats(self) -> int:
+        return len(self._by_chat)
+
+    def request_ids(self) -> list[str]:
+        return list(self._by_request)
+
+    def open_chat(self, chat_id: str, request_id: str) -> None:
+        chat = Chat(chat_id, request_id)
+        self._by_chat[chat_id] = chat
+        self._by_request[request_id] = chat
+
+    def close_chat(self, request_id: str) -> None:
+        chat = self._by_request.pop(request_id, None)
+        if chat is not None:
+            self._by_chat.pop(chat.chat_id, None)
+
+    # Outgoing frames ---------------------------------------------------------------
+    def send(self, frame: dict[str, Any]) -> None:
+        self._outbox.put_nowait(encode_frame(frame))
+
+    def deliver(self, event: wire.Event) -> bool:
+        """Queue a token-path event in seq order; True when it ended its chat."""
+        chat = self._by_request.get(event.request_id)
+        if chat is None:
+            return False
+        ended = False
+        for ready in chat.order.push(event):
+            self._outbox.put_nowait(encode_frame(event_frame(chat.chat_id, ready)))
+            ended = chat.order.finished
+        if ended:
+            self.close_chat(event.request_id)
+        return ended
+
+    async def run_writer(self) -> None:
+        """Send queued frames until `close_writer`; a dead socket just ends the loop."""
+        while (text := await self._outbox.get()) is not None:
+            try:
+                await self._websocket.send_text(text)
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                break
+        with contextlib.suppress(asyncio.QueueEmpty):
+            while True:
+                self._outbox.get_nowait()
+
+    def close_writer(self) -> None:
+        self._outbox.put_nowait(None)

@@ -1,0 +1,66 @@
+"""Attention of one layer over flat packed tokens: paged (through the KV cache, for serving)
+or dense causal (one sequence, no cache: the ground truth in tests)."""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels.decode_attention import paged_decode_attention
+from kernels.kv_write import write_kv
+from kernels.prefill_attention import paged_prefill_attention
+
+
+@dataclass
+class AttentionMetadata:
+    """Where one step's T tokens of N sequences live in the paged KV cache.
+
+    Sequence i owns query tokens cu_seqlens_q[i]:cu_seqlens_q[i+1]; its cache holds
+    context_lens[i] tokens once this step's K/V are written (this step's included).
+    """
+
+    slot_mapping: torch.Tensor  # (T,) int64: block_id * block_size + offset; < 0 = padding, not written
+    block_tables: torch.Tensor  # (N, M) int32: the blocks of each sequence, in order
+    cu_seqlens_q: torch.Tensor  # (N+1,) int32
+    context_lens: torch.Tensor  # (N,) int32
+    max_query_len: int  # 1 means every sequence decodes one token: T == N
+
+    @property
+    def decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+
+def paged_attention(
+    q: torch.Tensor,  # (T, Hq, D)
+    k: torch.Tensor,  # (T, Hkv, D)
+    v: torch.Tensor,  # (T, Hkv, D)
+    k_cache: torch.Tensor,  # (num_blocks, block_size, Hkv, D)
+    v_cache: torch.Tensor,  # (num_blocks, block_size, Hkv, D)
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # (T, Hq, D)
+    """Store this step's K/V in the cache, then attend over each sequence's whole cached context."""
+    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    if meta.decode_only:
+        return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+    return paged_prefill_attention(
+        q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, scale
+    )
+
+
+def causal_attention(
+    q: torch.Tensor,  # (T, Hq, D)
+    k: torch.Tensor,  # (T, Hkv, D)
+    v: torch.Tensor,  # (T, Hkv, D)
+    scale: float,
+) -> torch.Tensor:  # (T, Hq, D)
+    """Plain causal attention over one whole sequence; query head h reads KV head h // (Hq // Hkv)."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1),  # (Hq, T, D)
+        k.transpose(0, 1),  # (Hkv, T, D)
+        v.transpose(0, 1),
+        is_causal=True,
+        scale=scale,
+        enable_gqa=True,
+    )  # (Hq, T, D)
+    return out.transpose(0, 1)

@@ -1,0 +1,204 @@
+"""A Llama-architecture transformer (RMSNorm, RoPE, grouped-query attention, SwiGLU) over flat
+packed tokens of many sequences, reading and writing a paged KV cache; plus its cache allocation."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.worker.engine.attention import AttentionMetadata, causal_attention, paged_attention
+from services.worker.engine.config import ModelConfig
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each (num_blocks, block_size, Hkv, D)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, C) -> (T, C)
+        # The mean of squares in float32: bf16 would lose the small channels.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:  # (D/2,) float32
+    """RoPE frequencies, with Llama-3's rescaling of the long wavelengths when configured."""
+    d = config.head_dim
+    # On the host in float64 whatever the default device: a few dozen numbers, computed once.
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device="cpu") / d))
+    scaling = config.rope_scaling
+    if scaling is None or scaling["rope_type"] == "default":
+        return inv_freq.float()
+    # Llama 3: wavelengths longer than the original context are stretched by `factor`, short
+    # ones are kept, and the band between is interpolated smoothly.
+    factor = scaling["factor"]
+    low_freq_factor = scaling.get("low_freq_factor", 1.0)
+    high_freq_factor = scaling.get("high_freq_factor", 4.0)
+    old_context = scaling.get("original_max_position_embeddings", 8192)
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    interpolated = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelen > old_context / low_freq_factor, inv_freq / factor, inv_freq)
+    is_medium = (wavelen >= old_context / high_freq_factor) & (wavelen <= old_context / low_freq_factor)
+    return torch.where(is_medium, interpolated, scaled).float()
+
+
+class RotaryEmbedding(nn.Module):
+    """A precomputed cos/sin table, looked up by absolute position (rotate-half layout, as HF Llama)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        # Not persistent: rebuilt from the config, never read from a checkpoint.
+        self.register_buffer("cos_sin", self._table(None), persistent=False)
+
+    def _table(self, device: torch.device | None) -> torch.Tensor:  # (max_pos, D) float32: [cos | sin]
+        positions = torch.arange(self.config.max_position_embeddings, dtype=torch.float32, device=device)
+        inv_freq = rope_inv_freq(self.config).to(positions.device)  # (D/2,)
+        angles = torch.outer(positions, inv_freq)  # (max_pos, D/2)
+        return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+    def reset_table(self) -> None:
+        """Recompute the table in float32 where it lies (after materialising from the meta device)."""
+        self.cos_sin = self._table(self.cos_sin.device)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)  # (T, 1, D/2) each
+        return cos, sin
+
+
+def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotate each head of x (T, H, D) by its token's angles; the math in float32."""
+    cos, sin = rope  # (T, 1, D/2) each
+    x1, x2 = x.float().chunk(2, dim=-1)  # (T, H, D/2) each
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+        # Q, K and V in one matmul: one kernel launch instead of three at decode time.
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (T, C)
+        rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin of each token's position
+        meta: AttentionMetadata | None,
+        kv_cache: KVCache | None,
+    ) -> torch.Tensor:  # (T, C)
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)  # (T, Hq, D)
+        k = k.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        v = v.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        if kv_cache is None:
+            out = causal_attention(q, k, v, self.scale)
+        else:
+            out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.o_proj(out.reshape(T, self.q_size))  # (T, Hq, D) -> (T, C)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.inter = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.inter, bias=False)  # gate and up fused
+        self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, C) -> (T, C)
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)  # (T, I) each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (T, C)
+        rope: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata | None,
+        kv_cache: KVCache | None,
+    ) -> torch.Tensor:  # (T, C)
+        x = x + self.self_attn(self.input_layernorm(x), rope, meta, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """Parameter names follow Hugging Face's (less the `model.` prefix), except that q/k/v and
+    gate/up are fused; the loader in weights.py knows that one difference."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.rotary = RotaryEmbedding(config)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (T,) tokens of all sequences, packed
+        positions: torch.Tensor,  # (T,) each token's absolute position in its own sequence
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],  # one per layer
+    ) -> torch.Tensor:  # (T, C) final-normed hidden states
+        rope = self.rotary(positions)
+        x = self.embed_tokens(input_ids)  # (T, C)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, rope, meta, kv_cache)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, C) -> (N, V) float32
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    @torch.no_grad()
+    def dense_forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, V) float32
+        """One sequence from position 0, no cache: what the paged path must reproduce."""
+        rope = self.rotary(torch.arange(input_ids.shape[0], device=input_ids.device))
+        x = self.embed_tokens(input_ids)  # (T, C)
+        for layer in self.layers:
+            x = layer(x, rope, None, None)
+        return self.compute_logits(self.norm(x))
+
+
+def allocate_kv_cache(
+    config: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    device: str | torch.device,
+    dtype: torch.dtype,
+) -> list[KVCache]:
+    """Zeroed K and V pools per layer, each (num_blocks, block_size, Hkv, D)."""
+    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    return [
+        (torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+        for _ in range(config.num_layers)
+    ]
+
+
+def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes across all layers, K and V: divide free memory by this to size the pool."""
+    element_size = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element_size

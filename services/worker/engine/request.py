@@ -1,0 +1,111 @@
+"""One generation request as the engine tracks it: its tokens, its progress and its status."""
+
+from __future__ import annotations
+
+import enum
+import time
+from services.worker.engine.block_pool import BlockHash
+from services.worker.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # waiting again after losing its blocks; will recompute
+    FINISHED_STOPPED = "stop"  # EOS or a stop string
+    FINISHED_LENGTH = "length"  # max_tokens or max_model_len reached
+    FINISHED_ABORTED = "cancelled"  # the client went away or cancelled
+    FINISHED_ERROR = "error"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The protocol's `finish_reason` word ("stop", "length", ...), or None if unfinished."""
+        return self.value if self.is_finished else None
+
+    @classmethod
+    def from_finish_reason(cls, reason: str) -> RequestStatus:
+        """The finished status for a protocol word such as "stop" or "cancelled"."""
+        status = cls(reason)
+        if not status.is_finished:
+            raise ValueError(f"{reason!r} is not a finish reason")
+        return status
+
+
+_FINISHED = frozenset(
+    {
+        RequestStatus.FINISHED_STOPPED,
+        RequestStatus.FINISHED_LENGTH,
+        RequestStatus.FINISHED_ABORTED,
+        RequestStatus.FINISHED_ERROR,
+    }
+)
+
+
+class Request:
+    """Prompt plus generated tokens; the KV of the first `num_computed_tokens` exists in cache.
+
+    Tokens are append-only, which is what lets `block_hashes` be computed once per
+    full block and kept for the request's whole life (across preemptions too).
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        tenant: str = "default",
+    ) -> None:
+        self.request_id = request_id
+        self.sampling = sampling
+        self.tenant = tenant
+        self.arrival_time = time.monotonic()
+        # Set by the scheduler on add_request; ties in arrival_time cannot happen here.
+        self.arrival_seq = -1
+        self.status = RequestStatus.WAITING
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        # Prompt tokens served from the prefix cache at first admission (usage reporting).
+        self.num_cached_tokens = 0
+        self.num_preemptions = 0
+        # Upper bound on num_tokens: prompt + max_tokens, capped by the model length.
+        self.max_num_tokens = self.num_prompt_tokens + sampling.max_tokens
+        self.block_hashes: list[BlockHash] = []
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.all_token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def reached_max_num_tokens(self) -> bool:
+        """True once the request may not grow: the engine finishes it with "length"."""
+        return self.num_tokens >= self.max_num_tokens
+
+    def append_output_token(self, token_id: int) -> None:
+        self.all_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed_tokens})"
+        )

@@ -1,0 +1,311 @@
+"""Continuous batching: each step spends a token budget on running decodes, then prompt chunks.
+
+The engine loop is `out = schedule(); sampled = runner.run(out); update_from_output(out,
+sampled)`, after which the engine checks stop conditions and calls `finish_request`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.worker.engine.kv_cache_manager import KVCacheManager, cdiv
+from services.worker.engine.request import Request, RequestStatus
+from services.worker.engine.sampling_params import SamplingParams
+from services.worker.engine.tenant_order import FCFS, TenantOrder
+
+DEFAULT_SAMPLING = SamplingParams()
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256  # requests in one batch
+    max_batch_tokens: int = 512  # tokens computed in one step (the budget)
+    max_model_len: int = 8192  # prompt + output, per request
+    long_prefill_token_threshold: int = 0  # cap on one request's chunk per step; 0 = off
+    enable_chunked_prefill: bool = True  # off: a prompt runs whole or waits
+    # Baseline for benchmarks: admit a batch, then nothing new until all of it finished.
+    static_batching: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_batch_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0 (0 = off)")
+
+
+@dataclass
+class ScheduledChunk:
+    request_id: str
+    token_ids: list[int]  # the tokens whose KV this step computes
+    start_position: int  # position of token_ids[0]; KV of earlier positions is cached
+    block_ids: list[int]  # the request's whole block table
+    sample: bool  # the chunk reaches the end of the known tokens: sample the next one
+    sampling: SamplingParams = DEFAULT_SAMPLING
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    # Requests that lost their blocks this step, and those finished or aborted since
+    # the last step: the runner drops any state it keeps for them.
+    preempted_ids: list[str] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)
+    num_scheduled_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass
+class _StepPlan:
+    """What one call of schedule() has decided so far."""
+
+    budget: int
+    num_tokens: dict[str, int] = field(default_factory=dict)  # request id -> tokens this step
+    preempted_ids: list[str] = field(default_factory=list)
+    num_new_prefills: int = 0
+
+    def add(self, request: Request, num_tokens: int) -> None:
+        self.num_tokens[request.request_id] = num_tokens
+        self.budget = max(0, self.budget - num_tokens)
+
+    def drop(self, request: Request) -> None:
+        self.budget += self.num_tokens.pop(request.request_id, 0)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        tenant_order: TenantOrder | None = None,
+    ) -> None:
+        self.config = config
+        self.kv_cache_manager = kv_cache_manager
+        self.waiting = tenant_order if tenant_order is not None else FCFS()
+        self.running: list[Request] = []  # in admission order: the last is the newest
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self._next_arrival_seq = 0
+        self._finished_ids: list[str] = []
+        self._static_batch: set[str] = set()
+        self._static_batch_closed = False
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.requests.get(request_id)
+
+    def check_request(self, request: Request) -> str | None:
+        """Why this request can never run here, or None if it can."""
+        try:
+            request.sampling.validate()
+        except ValueError as exc:
+            return str(exc)
+        num_prompt = request.num_prompt_tokens
+        if num_prompt == 0:
+            return "the prompt is empty"
+        if num_prompt > self.config.max_model_len:
+            limit = self.config.max_model_len
+            return f"the prompt has {num_prompt} tokens; the model takes at most {limit}"
+        # KV is needed for the whole prompt and for every output token but the last.
+        max_num_tokens = min(num_prompt + request.sampling.max_tokens, self.config.max_model_len)
+        num_kv_tokens = max(num_prompt, max_num_tokens - 1)
+        pool = self.kv_cache_manager.block_pool
+        num_blocks = cdiv(num_kv_tokens, pool.block_size)
+        if num_blocks > pool.num_usable_blocks:
+            return (
+                f"prompt plus max_tokens needs {num_kv_tokens} tokens of KV cache "
+                f"({num_blocks} blocks); this worker holds {pool.num_usable_blocks} blocks"
+            )
+        return None
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; raises ValueError if check_request rejects it or its id is taken."""
+        reason = self.check_request(request)
+        if reason is not None:
+            raise ValueError(reason)
+        if request.request_id in self.requests:
+            raise ValueError(f"request {request.request_id} is already scheduled")
+        request.max_num_tokens = min(request.max_num_tokens, self.config.max_model_len)
+        request.arrival_seq = self._next_arrival_seq
+        self._next_arrival_seq += 1
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Cancel a request wherever it is and free its blocks now; False if unknown."""
+        return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+
+    def finish_request(self, request_id: str, reason: RequestStatus | str) -> bool:
+        """Finish a request with a finished status or its protocol word ("stop", "length", ...)."""
+        status = RequestStatus.from_finish_reason(reason) if isinstance(reason, str) else reason
+        if not status.is_finished:
+            raise ValueError(f"{status} is not a finished status")
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return False
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request_id)
+        self.kv_cache_manager.free(request)
+        request.status = status
+        self._finished_ids.append(request_id)
+        self._static_batch.discard(request_id)
+        if not self._static_batch:
+            self._static_batch_closed = False
+        return True
+
+    def schedule(self) -> SchedulerOutput:
+        plan = _StepPlan(budget=self.config.max_batch_tokens)
+        self._schedule_running(plan)
+        # A step that had to preempt is short of blocks: admitting more would only
+        # preempt again next step.
+        if not plan.preempted_ids:
+            self._schedule_waiting(plan)
+        output = SchedulerOutput(preempted_ids=plan.preempted_ids, finished_ids=self._finished_ids)
+        self._finished_ids = []
+        for request_id, num_tokens in plan.num_tokens.items():
+            request = self.requests[request_id]
+            output.chunks.append(self._make_chunk(request, num_tokens))
+            output.num_scheduled_tokens += num_tokens
+            self.waiting.on_scheduled(request, num_tokens)
+        return output
+
+    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:
+        """Record a finished step: advance computed tokens, cache full blocks, append samples."""
+        for chunk in output.chunks:
+            request = self.requests.get(chunk.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            request.num_computed_tokens = chunk.start_position + chunk.num_tokens
+            self.kv_cache_manager.cache_blocks(request)
+            if chunk.sample:
+                if chunk.request_id not in sampled:
+                    raise KeyError(f"no sampled token for request {chunk.request_id}")
+                request.append_output_token(sampled[chunk.request_id])
+
+    def _schedule_running(self, plan: _StepPlan) -> None:
+        # Decodes before prefill chunks, so a long prompt already in flight cannot
+        # take the budget that keeps the other streams moving.
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens != 1]
+        for request in decodes + prefills:
+            if plan.budget <= 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
+            num_new = self._chunk_size(request.num_tokens - request.num_computed_tokens, plan.budget)
+            if num_new > 0 and self._allocate_or_preempt(request, num_new, plan):
+                plan.add(request, num_new)
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan) -> bool:
+        """Allocate, preempting the newest running requests until it fits; False if `request` went."""
+        while self.kv_cache_manager.allocate_slots(request, num_new) is None:
+            victim = self.running[-1]
+            self._preempt(victim, plan)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request, plan: _StepPlan) -> None:
+        # Its full blocks stay in the prefix cache, so readmission usually recomputes
+        # only the tail; the tokens it generated are part of what it recomputes.
+        self.running.remove(request)
+        plan.drop(request)
+        plan.preempted_ids.append(request.request_id)
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.push_front(request)
+
+    def _schedule_waiting(self, plan: _StepPlan) -> None:
+        stopped_by_budget = False
+        while len(self.running) < self.config.max_num_seqs:
+            request = self._next_candidate()
+            if request is None:
+                break
+            if plan.budget <= 0:
+                stopped_by_budget = True
+                break
+            computed_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+            num_new = self._admission_size(request.num_tokens - num_hit, plan)
+            if num_new is None:
+                stopped_by_budget = True
+                break
+            if self.kv_cache_manager.allocate_slots(request, num_new, computed_blocks) is None:
+                break
+            self.waiting.remove(request.request_id)
+            self._admit(request, num_hit)
+            plan.add(request, num_new)
+            plan.num_new_prefills += 1
+        # A static batch takes whatever waits (up to the caps) and then closes; it
+        # stays open only while it is still filling and merely out of budget.
+        if self.config.static_batching and self._static_batch and not stopped_by_budget:
+            self._static_batch_closed = True
+
+    def _next_candidate(self) -> Request | None:
+        """The waiting request to try next; a closed static batch takes back only its own."""
+        if not (self.config.static_batching and self._static_batch_closed):
+            return self.waiting.peek()
+        return next((r for r in self.waiting if r.request_id in self._static_batch), None)
+
+    def _admission_size(self, num_remaining: int, plan: _StepPlan) -> int | None:
+        """Tokens of a waiting request to compute this step, or None if it must wait."""
+        if self.config.enable_chunked_prefill:
+            return self._chunk_size(num_remaining, plan.budget)
+        if num_remaining <= plan.budget:
+            return num_remaining
+        # Without chunking, a prompt larger than the whole budget would never fit:
+        # it goes in over budget as the step's only new prompt, beside the decodes.
+        if num_remaining > self.config.max_batch_tokens and plan.num_new_prefills == 0:
+            return num_remaining
+        return None
+
+    def _chunk_size(self, num_remaining: int, budget: int) -> int:
+        if not self.config.enable_chunked_prefill:
+            return num_remaining
+        threshold = self.config.long_prefill_token_threshold
+        if threshold > 0:
+            num_remaining = min(num_remaining, threshold)
+        return min(num_remaining, budget)
+
+    def _admit(self, request: Request, num_hit: int) -> None:
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_hit
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = num_hit
+        self.running.append(request)
+        if self.config.static_batching:
+            self._static_batch.add(request.request_id)
+
+    def _make_chunk(self, request: Request, num_tokens: int) -> ScheduledChunk:
+        start = request.num_computed_tokens
+        end = start + num_tokens
+        return ScheduledChunk(
+            request_id=request.request_id,
+            token_ids=request.all_token_ids[start:end],
+            start_position=start,
+            block_ids=self.kv_cache_manager.get_block_ids(request),
+            sample=end == request.num_tokens,
+            sampling=request.sampling,
+        )

@@ -1,0 +1,127 @@
+"""The client side of the chat protocol: a socket that runs many chats at once, and the terminal client.
+
+`ChatSocket` routes incoming frames to each chat's queue by `id`, so tests,
+benchmarks and `drivetrain chat` all read one chat's frames in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+
+@dataclass
+class ChatResult:
+    """Everything one chat received, with arrival times (time.perf_counter)."""
+
+    frames: list[dict[str, Any]] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> list[dict[str, Any]]:
+        return [f for f in self.frames if f["type"] == "token"]
+
+    @property
+    def text(self) -> str:
+        return "".join(f["text"] for f in self.tokens)
+
+    @property
+    def final(self) -> dict[str, Any] | None:
+        return next((f for f in self.frames if f["type"] in ("done", "error")), None)
+
+
+class ChatSocket:
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self._queues: dict[str | None, asyncio.Queue[dict[str, Any]]] = defaultdict(asyncio.Queue)
+        self._reader = asyncio.create_task(self._read())
+        self.close_code: int | None = None
+
+    @classmethod
+    async def open(cls, url: str, api_key: str | None = "dev-key", **kwargs: Any) -> ChatSocket:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        ws = await connect(url, additional_headers=headers, max_size=None, open_timeout=10, **kwargs)
+        return cls(ws)
+
+    async def _read(self) -> None:
+        try:
+            async for text in self.ws:
+                frame = json.loads(text)
+                frame["_t"] = time.perf_counter()
+                self._queues[frame.get("id")].put_nowait(frame)
+        except ConnectionClosed:
+            pass
+        finally:
+            self.close_code = self.ws.close_code
+            for queue in list(self._queues.values()):
+                queue.put_nowait({"type": "closed", "_t": time.perf_counter()})
+
+    async def send(self, frame: dict[str, Any] | str) -> None:
+        await self.ws.send(frame if isinstance(frame, str) else json.dumps(frame))
+
+    async def chat(self, chat_id: str, text: str, **params: Any) -> None:
+        await self.send({"type": "chat", "id": chat_id, "messages": [{"role": "user", "content": text}], **params})
+
+    async def next_frame(self, chat_id: str | None, timeout: float = 30.0) -> dict[str, Any]:
+        return await asyncio.wait_for(self._queues[chat_id].get(), timeout)
+
+    async def collect(self, chat_id: str, timeout: float = 60.0) -> ChatResult:
+        """Frames of one chat up to and including its `done` or `error` (or the socket closing)."""
+        result = ChatResult()
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = await self.next_frame(chat_id, max(0.01, deadline - time.monotonic()))
+            result.arrivals.append(frame.pop("_t"))
+            result.frames.append(frame)
+            if frame["type"] in ("done", "error", "closed"):
+                return result
+
+    async def close(self) -> None:
+        await self.ws.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
+async def _stream(url: str, api_key: str, text: str, max_tokens: int, temperature: float) -> int:
+    sock = await ChatSocket.open(url, api_key)
+    try:
+        await sock.chat("c1", text, max_tokens=max_tokens, temperature=temperature)
+        while True:
+            frame = await sock.next_frame("c1", timeout=300)
+            if frame["type"] == "token":
+                print(frame["text"], end="", flush=True)
+            elif frame["type"] == "done":
+                usage = frame["usage"]
+                print(
+                    f"\n[{frame['finish_reason']}: {usage['prompt_tokens']} prompt tokens "
+                    f"({usage['cached_tokens']} cached), {usage['completion_tokens']} completion tokens]"
+                )
+                return 0
+            elif frame["type"] == "error":
+                print(f"\nerror {frame['code']}: {frame['message']}", file=sys.stderr)
+                return 1
+            elif frame["type"] == "closed":
+                print(f"\nconnection closed ({sock.close_code})", file=sys.stderr)
+                return 1
+    finally:
+        await sock.close()
+
+
+def stream_chat(url: str, api_key: str, text: str, max_tokens: int, temperature: float) -> int:
+    """`drivetrain chat`: print the reply as it streams; exit status 0 on `done`."""
+    try:
+        return asyncio.run(_stream(url, api_key, text, max_tokens, temperature))
+    except InvalidStatus as exc:
+        print(f"refused: HTTP {exc.response.status_code}", file=sys.stderr)
+    except (OSError, TimeoutError) as exc:
+        print(f"cannot reach {url}: {exc!r}", file=sys.stderr)
+    return 1

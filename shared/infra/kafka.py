@@ -1,0 +1,411 @@
+"""A single-node Kafka broker (KRaft, broker and controller in one JVM) run from Maven jars.
+
+Fetches the jars once, formats the storage once, starts `kafka.Kafka` detached with a
+pid file, waits for an admin request to succeed, and stops it with SIGTERM then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from shared.infra import InfraError, MissingPrerequisite, log_tail
+from shared.infra.config import COMPOSE_LOCAL_DIR, InfraConfig, kafka_bootstrap
+from shared.infra.topics import TopicPlan, describe_partitions, ensure_topics
+
+T = TypeVar("T")
+Report = Callable[[str], None]
+MAIN_CLASS = "kafka.Kafka"
+
+
+def run_sync(make_coro: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion from sync code, even inside a running event loop.
+
+    The test suite calls `ensure_up` from fixtures that may already run in a loop,
+    where asyncio.run would refuse; a short-lived thread gets a loop of its own.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make_coro())
+    result: list[T] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(make_coro()))
+        except BaseException as exc:  # handed back to the caller's thread below
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name="infra-kafka-admin")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
+# --- files and prerequisites -------------------------------------------------------
+
+
+def pid_file(cfg: InfraConfig) -> Path:
+    return cfg.kafka_dir / "kafka.pid"
+
+
+def properties_file(cfg: InfraConfig) -> Path:
+    return cfg.kafka_dir / "server.properties"
+
+
+def data_dir(cfg: InfraConfig) -> Path:
+    return cfg.kafka_dir / "data"
+
+
+def jars_cached(cfg: InfraConfig) -> bool:
+    return any(cfg.kafka_lib_dir.glob("kafka_2.13-*.jar"))
+
+
+def find_java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return str(Path(java_home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise MissingPrerequisite(
+            "java not found: Kafka needs a Java 17+ runtime "
+            "(Debian: apt-get install -y openjdk-17-jre-headless)"
+        )
+    return java
+
+
+def fetch_jars(cfg: InfraConfig, report: Report) -> float:
+    """Copy Kafka and its runtime dependencies from Maven Central; returns seconds taken."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise MissingPrerequisite(
+            f"mvn not found: it fetches the Kafka jars once into {cfg.kafka_lib_dir} "
+            "(Debian: apt-get install -y maven)"
+        )
+    # Download beside the final folder and rename it at the end, so that an
+    # interrupted download never looks like a complete one.
+    partial = cfg.kafka_lib_dir.with_name(cfg.kafka_lib_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    command = [
+        mvn, "-q", "-B", "-f", str(COMPOSE_LOCAL_DIR / "pom.xml"),
+        "dependency:copy-dependencies", "-DincludeScope=runtime",
+        f"-DoutputDirectory={partial}",
+        f"-Dkafka.version={cfg.kafka_version}", f"-Dlog4j.version={cfg.log4j_version}",
+    ]  # fmt: skip
+    report(f"kafka: fetching kafka_2.13 {cfg.kafka_version} jars with Maven (once)")
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=cfg.download_timeout_s
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise InfraError(f"Maven download took over {cfg.download_timeout_s:.0f} s") from exc
+    if done.returncode != 0:
+        output = (done.stdout + done.stderr).strip()[-3000:]
+        raise InfraError(f"Maven could not fetch the Kafka jars:\n{output}")
+    shutil.rmtree(cfg.kafka_lib_dir, ignore_errors=True)
+    partial.rename(cfg.kafka_lib_dir)
+    elapsed = time.monotonic() - started
+    report(f"kafka: {len(list(cfg.kafka_lib_dir.glob('*.jar')))} jars in {elapsed:.1f} s")
+    return elapsed
+
+
+def server_properties(cfg: InfraConfig) -> str:
+    """The broker's configuration: one fast, combined broker+controller on loopback."""
+    host, port, cport = cfg.kafka_host, cfg.kafka_port, cfg.kafka_controller_port
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.bootstrap.servers": f"{host}:{cport}",
+        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(data_dir(cfg)),
+        # One node: internal topics can have only one replica.
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": str(cfg.kafka_offsets_partitions),
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "4",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "share.coordinator.state.topic.num.partitions": "4",
+        "default.replication.factor": "1",
+        "min.insync.replicas": "1",
+        # Nobody else will join: do not wait for more group members before assigning.
+        "group.initial.rebalance.delay.ms": "0",
+        # The project creates its topics with the partition counts it wants; a typo
+        # in a topic name should fail, not create a one-partition topic.
+        "auto.create.topics.enable": "false",
+        "num.partitions": "1",
+        # Development data: keep a day and at most 1 GiB per partition.
+        "log.retention.hours": "24",
+        "log.retention.bytes": str(1 << 30),
+    }
+    lines = ["# Written by `drivetrain infra up` from InfraConfig; edits are overwritten."]
+    lines += [f"{key}={value}" for key, value in settings.items()]
+    return "\n".join(lines) + "\n"
+
+
+def new_cluster_id() -> str:
+    """A cluster id as `StorageTool random-uuid` makes, without starting a JVM."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # Kafka's own generator never starts one with "-": command lines mistake it for a flag.
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+def _java_command(cfg: InfraConfig, java: str, main: str, *args: str) -> list[str]:
+    return [
+        java, f"-Xms{cfg.kafka_heap}", f"-Xmx{cfg.kafka_heap}",
+        "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={COMPOSE_LOCAL_DIR / 'log4j2.xml'}",
+        "-cp", f"{cfg.kafka_lib_dir}/*", main, *args,
+    ]  # fmt: skip
+
+
+def format_storage(cfg: InfraConfig, java: str, report: Report) -> None:
+    """Format the KRaft log directory once; a formatted one is left as it is."""
+    if (data_dir(cfg) / "meta.properties").exists():
+        return
+    cluster_id = new_cluster_id()
+    report(f"kafka: formatting storage in {data_dir(cfg)} (cluster id {cluster_id})")
+    command = _java_command(
+        cfg, java, "kafka.tools.StorageTool",
+        "format", "--standalone", "-t", cluster_id, "-c", str(properties_file(cfg)),
+    )  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise InfraError(f"Kafka storage format failed:\n{(done.stdout + done.stderr)[-3000:]}")
+
+
+# --- the broker process ----------------------------------------------------------
+
+
+def _is_broker(pid: int) -> bool:
+    """True if `pid` is a live (not zombie) JVM running kafka.Kafka."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state not in ("Z", "X") and MAIN_CLASS.encode() in cmdline.split(b"\0")
+
+
+def broker_pid(cfg: InfraConfig) -> int | None:
+    """Pid of the broker this infra dir started, if it is still running."""
+    try:
+        pid = int(pid_file(cfg).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _is_broker(pid) else None
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def start_broker(cfg: InfraConfig, java: str) -> int:
+    """Start the broker in its own session, not as our child, and write its pid file."""
+    log = cfg.kafka_log_file
+    if log.exists():
+        log.replace(log.with_name(log.name + ".1"))  # keep the previous run's log
+    command = _java_command(cfg, java, MAIN_CLASS, str(properties_file(cfg)))
+    # A shell starts the JVM in the background and exits at once, so the broker is
+    # reparented and never lingers as our zombie; it prints the JVM's pid.
+    launcher = 'log=$1; shift; "$@" >>"$log" 2>&1 </dev/null & echo $!'
+    done = subprocess.run(
+        ["sh", "-c", launcher, "kafka-launcher", str(log), *command],
+        capture_output=True, text=True, timeout=30, start_new_session=True,
+    )  # fmt: skip
+    if done.returncode != 0 or not done.stdout.strip().isdigit():
+        raise InfraError(f"could not start the Kafka broker: {done.stderr.strip()}")
+    pid = int(done.stdout.strip())
+    pid_file(cfg).write_text(f"{pid}\n")
+    return pid
+
+
+def stop_broker(cfg: InfraConfig, report: Report) -> bool:
+    """SIGTERM, wait for a clean shutdown, SIGKILL if it takes too long. False if none ran."""
+    pid = broker_pid(cfg)
+    if pid is None:
+        pid_file(cfg).unlink(missing_ok=True)
+        return False
+    report(f"kafka: stopping broker (pid {pid})")
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + cfg.kafka_stop_timeout_s
+    while _is_broker(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _is_broker(pid):
+        report(f"kafka: no exit after {cfg.kafka_stop_timeout_s:.0f} s, sending SIGKILL")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        kill_deadline = time.monotonic() + 10
+        while _is_broker(pid) and time.monotonic() < kill_deadline:
+            time.sleep(0.1)
+    pid_file(cfg).unlink(missing_ok=True)
+    return True
+
+
+# --- talking to it ---------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def open_admin(cfg: InfraConfig, timeout_s: float = 5.0) -> AsyncIterator[AIOKafkaAdminClient]:
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=kafka_bootstrap(cfg), request_timeout_ms=int(timeout_s * 1000)
+    )
+    try:
+        await asyncio.wait_for(admin.start(), timeout_s)
+        yield admin
+    finally:
+        await admin.close()
+
+
+async def _answers(cfg: InfraConfig, timeout_s: float) -> bool:
+    try:
+        async with open_admin(cfg, timeout_s) as admin:
+            await asyncio.wait_for(admin.describe_cluster(), timeout_s)
+        return True
+    except (KafkaError, OSError, asyncio.TimeoutError):
+        return False
+
+
+def answers(cfg: InfraConfig, timeout_s: float = 3.0) -> bool:
+    """Ready means a metadata request succeeds; a closed port is ruled out cheaply first."""
+    if not port_open(cfg.kafka_host, cfg.kafka_port):
+        return False
+    return run_sync(lambda: _answers(cfg, timeout_s))
+
+
+def wait_ready(cfg: InfraConfig, pid: int | None) -> float:
+    """Wait until the broker answers; fail early, with its log, if the JVM exits."""
+    started = time.monotonic()
+    deadline = started + cfg.kafka_ready_timeout_s
+    while not answers(cfg):
+        if pid is not None and not _is_broker(pid):
+            raise InfraError(
+                f"the Kafka broker exited during start-up; end of {cfg.kafka_log_file}:\n"
+                + log_tail(cfg.kafka_log_file)
+            )
+        if time.monotonic() > deadline:
+            raise InfraError(
+                f"Kafka did not answer on {kafka_bootstrap(cfg)} within "
+                f"{cfg.kafka_ready_timeout_s:.0f} s; see {cfg.kafka_log_file}"
+            )
+        time.sleep(0.25)
+    return time.monotonic() - started
+
+
+async def _warm_group_coordinator(admin: AIOKafkaAdminClient, timeout_s: float) -> None:
+    # The first FindCoordinator creates __consumer_offsets; doing it here means the
+    # first consumer group of a test or service does not pay for it.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await admin.find_coordinator("drivetrain-infra-warmup")
+            return
+        except KafkaError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def _prepare(cfg: InfraConfig) -> TopicPlan:
+    async with open_admin(cfg) as admin:
+        plan = await ensure_topics(admin, cfg.topic_layout.partitions())
+        await _warm_group_coordinator(admin, timeout_s=30.0)
+    return plan
+
+
+def prepare_topics(cfg: InfraConfig) -> TopicPlan:
+    """Create or grow the project topics and make the group coordinator ready."""
+    return run_sync(lambda: _prepare(cfg))
+
+
+@dataclass(frozen=True)
+class KafkaStatus:
+    pid: int | None  # our broker's pid, None if it is not running
+    answering: bool  # a metadata request succeeded
+    topics: dict[str, int] = field(default_factory=dict)  # project topic -> partitions
+
+    def missing_topics(self, cfg: InfraConfig) -> list[str]:
+        wanted = cfg.topic_layout.partitions()
+        return [name for name, n in wanted.items() if self.topics.get(name, 0) < n]
+
+
+async def _describe(cfg: InfraConfig) -> dict[str, int]:
+    async with open_admin(cfg, timeout_s=3.0) as admin:
+        return await describe_partitions(admin, list(cfg.topic_layout.partitions()))
+
+
+def status(cfg: InfraConfig) -> KafkaStatus:
+    pid = broker_pid(cfg)
+    if not answers(cfg):
+        return KafkaStatus(pid=pid, answering=False)
+    try:
+        topics = run_sync(lambda: _describe(cfg))
+    except (KafkaError, OSError, asyncio.TimeoutError):
+        return KafkaStatus(pid=pid, answering=False)
+    return KafkaStatus(pid=pid, answering=True, topics=topics)
+
+
+def up(cfg: InfraConfig, report: Report) -> KafkaStatus:
+    """Idempotent: fetch, format and start only what is missing, then wait until ready."""
+    pid = broker_pid(cfg)
+    if pid is None and answers(cfg):
+        report(f"kafka: a broker not started from {cfg.infra_dir} answers; using it")
+    elif pid is None:
+        java = find_java()
+        if not jars_cached(cfg):
+            fetch_jars(cfg, report)
+        for port in (cfg.kafka_port, cfg.kafka_controller_port):
+            if port_open(cfg.kafka_host, port):
+                raise InfraError(f"{cfg.kafka_host}:{port} is taken by another program")
+        cfg.kafka_dir.mkdir(parents=True, exist_ok=True)
+        properties_file(cfg).write_text(server_properties(cfg))
+        format_storage(cfg, java, report)
+        pid = start_broker(cfg, java)
+        report(f"kafka: started broker (pid {pid}), log {cfg.kafka_log_file}")
+        waited = wait_ready(cfg, pid)
+        report(f"kafka: ready on {kafka_bootstrap(cfg)} after {waited:.1f} s")
+    else:
+        wait_ready(cfg, pid)
+    plan = prepare_topics(cfg)
+    for name, n in plan.create.items():
+        report(f"kafka: created topic {name} ({n} partitions)")
+    for name, n in plan.grow.items():
+        report(f"kafka: grew topic {name} to {n} partitions")
+    for name, (have, want) in plan.cannot_shrink.items():
+        report(f"kafka: WARNING topic {name} has {have} partitions, layout says {want}; "
+               "Kafka cannot remove partitions (`down --purge` starts afresh)")  # fmt: skip
+    return status(cfg)

@@ -1,0 +1,134 @@
+"""Typed, versioned messages of every internal wire (Kafka topics, router -> edge), encoded as msgpack.
+
+Decoding validates: a message that does not fit its schema raises `WireError`, which
+consumers turn into a dead-letter record instead of a crash.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+WIRE_VERSION = 1
+
+
+class WireError(ValueError):
+    """A message that is not valid msgpack or does not match its schema."""
+
+
+class Message(msgspec.Struct, frozen=True):
+    role: str
+    content: str
+
+
+class ChatRequest(msgspec.Struct, frozen=True, tag="chat"):
+    """Edge -> worker, on the requests topic, keyed by request id."""
+
+    request_id: str
+    edge_id: str
+    conn_id: str
+    tenant: str
+    messages: list[Message]
+    max_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 1.0
+    seed: int | None = None
+    created_at: float = 0.0
+    v: int = WIRE_VERSION
+
+
+class Cancel(msgspec.Struct, frozen=True, tag="cancel"):
+    """Edge -> all workers, on the control topic: stop these requests and free their memory."""
+
+    request_ids: list[str]
+    v: int = WIRE_VERSION
+
+
+Control = Cancel
+
+
+# Token-path events. Every event of a request carries a seq: tokens 0..n-1, then one
+# terminal event (done or error) at seq n, so an edge can order and de-duplicate all of them.
+class Token(msgspec.Struct, frozen=True, tag="token", array_like=True):
+    request_id: str
+    seq: int
+    text: str
+
+
+class Usage(msgspec.Struct, frozen=True, array_like=True):
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+class Done(msgspec.Struct, frozen=True, tag="done", array_like=True):
+    request_id: str
+    seq: int
+    finish_reason: str
+    usage: Usage
+
+
+class Error(msgspec.Struct, frozen=True, tag="error", array_like=True):
+    request_id: str
+    seq: int
+    code: str
+    message: str
+    retryable: bool
+
+
+Event = Token | Done | Error
+
+
+class TokenBatch(msgspec.Struct, frozen=True, tag="tokens"):
+    """Worker -> routers: all of one engine step's events for one edge, in one message."""
+
+    edge_id: str
+    worker_id: str
+    events: list[Event]
+    sent_at: float = 0.0
+    v: int = WIRE_VERSION
+
+
+class Delivery(msgspec.Struct, frozen=True, array_like=True):
+    conn_id: str
+    event: Event
+
+
+class ForwardBatch(msgspec.Struct, frozen=True, tag="forward"):
+    """Router -> edge over the internal connection: events resolved to their connections."""
+
+    deliveries: list[Delivery]
+    v: int = WIRE_VERSION
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[type, msgspec.msgpack.Decoder] = {}
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(data: bytes, kind: type) -> msgspec.Struct:
+    """Decode and validate; any malformed input becomes a WireError with the reason."""
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        decoder = _decoders[kind] = msgspec.msgpack.Decoder(kind)
+    try:
+        message = decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise WireError(str(exc)) from exc
+    if message.v != WIRE_VERSION:
+        raise WireError(f"unsupported wire version {message.v}")
+    return message
+
+
+class DeadLetter(msgspec.Struct, frozen=True, tag="dead-letter"):
+    """A message a consumer could not use, parked with the reason instead of retried forever."""
+
+    source_topic: str
+    partition: int
+    offset: int
+    consumer: str
+    reason: str
+    payload: bytes
+    v: int = WIRE_VERSION

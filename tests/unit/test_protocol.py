@@ -1,0 +1,73 @@
+"""The client protocol's parser: every bad frame gets its own clear code."""
+
+import json
+
+import pytest
+
+from services.edge.protocol import CancelFrame, ChatFrame, ProtocolError, event_frame, parse_client_frame
+from shared import wire
+
+
+def chat(**fields):
+    return json.dumps({"type": "chat", "id": "c1", "messages": [{"role": "user", "content": "Hi"}], **fields})
+
+
+def error_of(text):
+    with pytest.raises(ProtocolError) as info:
+        parse_client_frame(text)
+    return info.value
+
+
+def test_minimal_chat_gets_defaults():
+    frame = parse_client_frame(chat())
+    assert isinstance(frame, ChatFrame)
+    assert (frame.max_tokens, frame.temperature, frame.top_p, frame.seed) == (256, 0.7, 1.0, None)
+
+
+def test_full_chat_and_cancel():
+    frame = parse_client_frame(chat(max_tokens=5, temperature=0, top_p=0.5, seed=3, conversation=None))
+    assert (frame.max_tokens, frame.temperature, frame.top_p, frame.seed) == (5, 0, 0.5, 3)
+    assert parse_client_frame('{"type":"cancel","id":"c9"}') == CancelFrame("cancel", "c9")
+
+
+@pytest.mark.parametrize(
+    "text, code, chat_id",
+    [
+        ("{not json", "invalid_json", None),
+        ("[1, 2]", "invalid_message", None),
+        ('{"type":"shout","id":"c1"}', "unknown_type", "c1"),
+        ('{"id":"c1"}', "unknown_type", "c1"),
+        ('{"type":"chat","id":"c1"}', "invalid_message", "c1"),
+        ('{"type":"chat","messages":[{"role":"user","content":"x"}]}', "invalid_message", None),
+        (chat(messages=[]), "invalid_message", "c1"),
+        (chat(messages=[{"role": "robot", "content": "x"}]), "invalid_message", "c1"),
+        (chat(max_tokens=0), "invalid_message", "c1"),
+        (chat(temperature=-0.1), "invalid_message", "c1"),
+        (chat(top_p=0), "invalid_message", "c1"),
+        (chat(top_p=1.5), "invalid_message", "c1"),
+        (chat(colour="blue"), "invalid_message", "c1"),
+        ('{"type":"chat","id":"","messages":[{"role":"user","content":"x"}]}', "invalid_message", ""),
+    ],
+)
+def test_bad_frames(text, code, chat_id):
+    error = error_of(text)
+    assert error.code == code
+    assert error.chat_id == chat_id
+    assert error.message
+
+
+def test_unknown_field_is_named():
+    assert "colour" in error_of(chat(colour="blue")).message
+
+
+def test_event_frames():
+    assert event_frame("c1", wire.Token("r", 3, "Hel")) == {"type": "token", "id": "c1", "seq": 3, "text": "Hel"}
+    done = event_frame("c1", wire.Done("r", 4, "stop", wire.Usage(5, 2, 4)))
+    assert done == {
+        "type": "done",
+        "id": "c1",
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": 5, "cached_tokens": 2, "completion_tokens": 4},
+    }
+    error = event_frame("c1", wire.Error("r", 0, "worker_lost", "gone", True))
+    assert error == {"type": "error", "id": "c1", "code": "worker_lost", "message": "gone", "retryable": True}
