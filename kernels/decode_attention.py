@@ -105,6 +105,7 @@ def _decode_split_kernel(
 ):
     # One program per (sequence, kv head, context partition); the GROUP query heads that
     # share a kv head ride together as rows of one matrix, so each K/V tile is read once.
+    # The head dim is unit-stride (the wrapper checks), so its offsets need no stride.
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -200,8 +201,10 @@ def _decode_reduce_kernel(
     )  # (BLOCK_S, BLOCK_D)
 
     global_max = tl.max(part_max, axis=0)
-    # Empty partitions carry -inf; keep them (and an all-empty sequence) out of the exp.
-    weight = tl.where(part_max > float("-inf"), part_sum * tl.exp2(part_max - global_max), 0.0)
+    # Empty partitions carry -inf and weigh exp2(-inf) = 0; a sequence with no tokens at
+    # all has no finite max, so a stand-in keeps -inf - -inf (NaN) out of the exp.
+    global_max = tl.where(global_max > float("-inf"), global_max, 0.0)
+    weight = part_sum * tl.exp2(part_max - global_max)  # (BLOCK_S,)
     total = tl.sum(weight, axis=0)
     total = tl.where(total > 0, total, 1.0)
     result = tl.sum(part_out * weight[:, None], axis=0) / total  # (BLOCK_D,)

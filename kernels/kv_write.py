@@ -67,6 +67,7 @@ def _write_kv_kernel(
     BLOCK_D: tl.constexpr,
 ):
     # One program per token moves all of its heads at once: (BLOCK_H, BLOCK_D) tiles.
+    # The head dim is unit-stride (the wrapper checks), so rows load as wide vectors.
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:

@@ -22,7 +22,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "local": {},
     "compose": {
         "kafka_bootstrap": "kafka:9092",
-        "redis_nodes": "redis-0:7000,redis-1:7001,redis-2:7002",
+        "redis_nodes": "redis-0:7000,redis-1:7000,redis-2:7000",
         "host": "0.0.0.0",
         "internal_host": "0.0.0.0",
     },

@@ -42,6 +42,7 @@ class EchoEngine:
 
     def __init__(self, delay_ms: float = 0.0) -> None:
         self.delay_s = delay_ms / 1000.0
+        self._next_step_at = 0.0
         self._streams: dict[str, _EchoStream] = {}
 
     def add_request(self, request: GenerationRequest) -> None:
@@ -63,7 +64,11 @@ class EchoEngine:
 
     def step(self) -> list[StepOutput]:
         if self.delay_s:
-            time.sleep(self.delay_s)
+            # Steps keep to a fixed pace, like a model whose step takes `delay_ms`:
+            # the time spent around a step is absorbed, not added on top.
+            now = time.perf_counter()
+            self._next_step_at = max(now, self._next_step_at) + self.delay_s
+            time.sleep(self._next_step_at - now)
         outputs = []
         for request_id, stream in list(self._streams.items()):
             if stream.sent >= len(stream.pieces):

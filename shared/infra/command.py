@@ -90,7 +90,10 @@ def status_lines(cfg: InfraConfig, only: tuple[str, ...]) -> tuple[bool, list[st
         missing = k.missing_topics(cfg)
         is_up = k.answering and not missing
         all_up &= is_up
-        pid = f"pid {k.pid}" if k.pid else "not started here"
+        if k.pid:
+            pid = f"pid {k.pid}"
+        else:
+            pid = "not started from " + str(cfg.infra_dir) if k.answering else "no process"
         topics = f"topics missing: {missing}" if missing else f"{len(k.topics)} topics"
         detail = topics if k.answering else ("starting or stuck" if k.pid else "not running")
         lines.append(

@@ -68,6 +68,18 @@ class InfraConfig:
         return self.infra_dir / "jars" / f"kafka_2.13-{self.kafka_version}"
 
     @property
+    def kafka_data_dir(self) -> Path:
+        return self.kafka_dir / "data"
+
+    @property
+    def kafka_properties_file(self) -> Path:
+        return self.kafka_dir / "server.properties"
+
+    @property
+    def kafka_pid_file(self) -> Path:
+        return self.kafka_dir / "kafka.pid"
+
+    @property
     def kafka_log_file(self) -> Path:
         return self.kafka_dir / "kafka.log"
 
@@ -92,13 +104,16 @@ def _parse_ports(text: str) -> tuple[int, ...]:
 
 
 def _layout_from_env(env: Mapping[str, str]) -> TopicLayout:
-    # DRIVETRAIN_REQUESTS_PARTITIONS=16 and so on, one variable per TopicLayout field.
-    overrides = {
+    # DRIVETRAIN_REQUESTS_PARTITIONS=16 and so on, one per partition count, and the
+    # services' own DRIVETRAIN_TOPIC_PREFIX, so `up` creates the topics they will use.
+    overrides: dict[str, object] = {
         f.name: int(env[key])
         for f in dataclasses.fields(TopicLayout)
-        if (key := f"DRIVETRAIN_{f.name.upper()}") in env
+        if f.name.endswith("_partitions") and (key := f"DRIVETRAIN_{f.name.upper()}") in env
     }
-    return TopicLayout(**overrides)
+    if "DRIVETRAIN_TOPIC_PREFIX" in env:
+        overrides["prefix"] = env["DRIVETRAIN_TOPIC_PREFIX"]
+    return TopicLayout(**overrides)  # type: ignore[arg-type]
 
 
 def load_config(env: Mapping[str, str] | None = None) -> InfraConfig:

@@ -12,68 +12,23 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
+import string
 import subprocess
-import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from shared.infra import InfraError, MissingPrerequisite, log_tail
+from shared.infra import InfraError, MissingPrerequisite, log_tail, port_open, run_sync
 from shared.infra.config import COMPOSE_LOCAL_DIR, InfraConfig, kafka_bootstrap
-from shared.infra.topics import TopicPlan, describe_partitions, ensure_topics
+from shared.infra.topics import TopicPlan, describe_partitions, prepare_broker
 
-T = TypeVar("T")
 Report = Callable[[str], None]
 MAIN_CLASS = "kafka.Kafka"
-
-
-def run_sync(make_coro: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine to completion from sync code, even inside a running event loop.
-
-    The test suite calls `ensure_up` from fixtures that may already run in a loop,
-    where asyncio.run would refuse; a short-lived thread gets a loop of its own.
-    """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make_coro())
-    result: list[T] = []
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(asyncio.run(make_coro()))
-        except BaseException as exc:  # handed back to the caller's thread below
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, name="infra-kafka-admin")
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return result[0]
-
-
-# --- files and prerequisites -------------------------------------------------------
-
-
-def pid_file(cfg: InfraConfig) -> Path:
-    return cfg.kafka_dir / "kafka.pid"
-
-
-def properties_file(cfg: InfraConfig) -> Path:
-    return cfg.kafka_dir / "server.properties"
-
-
-def data_dir(cfg: InfraConfig) -> Path:
-    return cfg.kafka_dir / "data"
 
 
 def jars_cached(cfg: InfraConfig) -> bool:
@@ -131,42 +86,15 @@ def fetch_jars(cfg: InfraConfig, report: Report) -> float:
 
 
 def server_properties(cfg: InfraConfig) -> str:
-    """The broker's configuration: one fast, combined broker+controller on loopback."""
-    host, port, cport = cfg.kafka_host, cfg.kafka_port, cfg.kafka_controller_port
-    settings = {
-        "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.bootstrap.servers": f"{host}:{cport}",
-        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
-        "advertised.listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
-        "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "log.dirs": str(data_dir(cfg)),
-        # One node: internal topics can have only one replica.
-        "offsets.topic.replication.factor": "1",
-        "offsets.topic.num.partitions": str(cfg.kafka_offsets_partitions),
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "transaction.state.log.num.partitions": "4",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
-        "share.coordinator.state.topic.num.partitions": "4",
-        "default.replication.factor": "1",
-        "min.insync.replicas": "1",
-        # Nobody else will join: do not wait for more group members before assigning.
-        "group.initial.rebalance.delay.ms": "0",
-        # The project creates its topics with the partition counts it wants; a typo
-        # in a topic name should fail, not create a one-partition topic.
-        "auto.create.topics.enable": "false",
-        "num.partitions": "1",
-        # Development data: keep a day and at most 1 GiB per partition.
-        "log.retention.hours": "24",
-        "log.retention.bytes": str(1 << 30),
-    }
-    lines = ["# Written by `drivetrain infra up` from InfraConfig; edits are overwritten."]
-    lines += [f"{key}={value}" for key, value in settings.items()]
-    return "\n".join(lines) + "\n"
+    """The broker's configuration, from the template beside the POM."""
+    template = string.Template((COMPOSE_LOCAL_DIR / "kafka-server.properties").read_text())
+    return template.substitute(
+        host=cfg.kafka_host,
+        port=cfg.kafka_port,
+        controller_port=cfg.kafka_controller_port,
+        data_dir=cfg.kafka_data_dir,
+        offsets_partitions=cfg.kafka_offsets_partitions,
+    )
 
 
 def new_cluster_id() -> str:
@@ -190,20 +118,17 @@ def _java_command(cfg: InfraConfig, java: str, main: str, *args: str) -> list[st
 
 def format_storage(cfg: InfraConfig, java: str, report: Report) -> None:
     """Format the KRaft log directory once; a formatted one is left as it is."""
-    if (data_dir(cfg) / "meta.properties").exists():
+    if (cfg.kafka_data_dir / "meta.properties").exists():
         return
     cluster_id = new_cluster_id()
-    report(f"kafka: formatting storage in {data_dir(cfg)} (cluster id {cluster_id})")
+    report(f"kafka: formatting storage in {cfg.kafka_data_dir} (cluster id {cluster_id})")
     command = _java_command(
         cfg, java, "kafka.tools.StorageTool",
-        "format", "--standalone", "-t", cluster_id, "-c", str(properties_file(cfg)),
+        "format", "--standalone", "-t", cluster_id, "-c", str(cfg.kafka_properties_file),
     )  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise InfraError(f"Kafka storage format failed:\n{(done.stdout + done.stderr)[-3000:]}")
-
-
-# --- the broker process ----------------------------------------------------------
 
 
 def _is_broker(pid: int) -> bool:
@@ -220,18 +145,10 @@ def _is_broker(pid: int) -> bool:
 def broker_pid(cfg: InfraConfig) -> int | None:
     """Pid of the broker this infra dir started, if it is still running."""
     try:
-        pid = int(pid_file(cfg).read_text().strip())
+        pid = int(cfg.kafka_pid_file.read_text().strip())
     except (OSError, ValueError):
         return None
     return pid if _is_broker(pid) else None
-
-
-def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
 
 
 def start_broker(cfg: InfraConfig, java: str) -> int:
@@ -239,7 +156,7 @@ def start_broker(cfg: InfraConfig, java: str) -> int:
     log = cfg.kafka_log_file
     if log.exists():
         log.replace(log.with_name(log.name + ".1"))  # keep the previous run's log
-    command = _java_command(cfg, java, MAIN_CLASS, str(properties_file(cfg)))
+    command = _java_command(cfg, java, MAIN_CLASS, str(cfg.kafka_properties_file))
     # A shell starts the JVM in the background and exits at once, so the broker is
     # reparented and never lingers as our zombie; it prints the JVM's pid.
     launcher = 'log=$1; shift; "$@" >>"$log" 2>&1 </dev/null & echo $!'
@@ -250,37 +167,41 @@ def start_broker(cfg: InfraConfig, java: str) -> int:
     if done.returncode != 0 or not done.stdout.strip().isdigit():
         raise InfraError(f"could not start the Kafka broker: {done.stderr.strip()}")
     pid = int(done.stdout.strip())
-    pid_file(cfg).write_text(f"{pid}\n")
+    cfg.kafka_pid_file.write_text(f"{pid}\n")
     return pid
+
+
+def _signal_and_wait(pid: int, signum: signal.Signals, timeout_s: float) -> bool:
+    """Send a signal and wait for the broker to exit; True if it did in time."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+    deadline = time.monotonic() + timeout_s
+    while _is_broker(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def stop_broker(cfg: InfraConfig, report: Report) -> bool:
     """SIGTERM, wait for a clean shutdown, SIGKILL if it takes too long. False if none ran."""
     pid = broker_pid(cfg)
     if pid is None:
-        pid_file(cfg).unlink(missing_ok=True)
+        cfg.kafka_pid_file.unlink(missing_ok=True)
         return False
     report(f"kafka: stopping broker (pid {pid})")
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + cfg.kafka_stop_timeout_s
-    while _is_broker(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _is_broker(pid):
+    if not _signal_and_wait(pid, signal.SIGTERM, cfg.kafka_stop_timeout_s):
         report(f"kafka: no exit after {cfg.kafka_stop_timeout_s:.0f} s, sending SIGKILL")
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        kill_deadline = time.monotonic() + 10
-        while _is_broker(pid) and time.monotonic() < kill_deadline:
-            time.sleep(0.1)
-    pid_file(cfg).unlink(missing_ok=True)
+        _signal_and_wait(pid, signal.SIGKILL, 10.0)
+    cfg.kafka_pid_file.unlink(missing_ok=True)
     return True
 
 
-# --- talking to it ---------------------------------------------------------------
-
-
 @contextlib.asynccontextmanager
-async def open_admin(cfg: InfraConfig, timeout_s: float = 5.0) -> AsyncIterator[AIOKafkaAdminClient]:
+async def open_admin(
+    cfg: InfraConfig, timeout_s: float = 5.0
+) -> AsyncIterator[AIOKafkaAdminClient]:
+    """An admin client whose start and requests give up after `timeout_s`."""
     admin = AIOKafkaAdminClient(
         bootstrap_servers=kafka_bootstrap(cfg), request_timeout_ms=int(timeout_s * 1000)
     )
@@ -291,20 +212,31 @@ async def open_admin(cfg: InfraConfig, timeout_s: float = 5.0) -> AsyncIterator[
         await admin.close()
 
 
-async def _answers(cfg: InfraConfig, timeout_s: float) -> bool:
+async def _probe(cfg: InfraConfig, timeout_s: float, with_topics: bool) -> dict[str, int] | None:
     try:
         async with open_admin(cfg, timeout_s) as admin:
             await asyncio.wait_for(admin.describe_cluster(), timeout_s)
-        return True
-    except (KafkaError, OSError, asyncio.TimeoutError):
-        return False
+            if not with_topics:
+                return {}
+            names = list(cfg.topic_layout.partitions())
+            return await asyncio.wait_for(describe_partitions(admin, names), timeout_s)
+    except (TimeoutError, KafkaError, OSError):
+        return None
 
 
-def answers(cfg: InfraConfig, timeout_s: float = 3.0) -> bool:
-    """Ready means a metadata request succeeds; a closed port is ruled out cheaply first."""
+def probe(
+    cfg: InfraConfig, with_topics: bool = False, timeout_s: float = 3.0
+) -> dict[str, int] | None:
+    """None unless a metadata request succeeds (a closed port is ruled out cheaply
+    first); otherwise the project topics' partition counts, if asked for."""
     if not port_open(cfg.kafka_host, cfg.kafka_port):
-        return False
-    return run_sync(lambda: _answers(cfg, timeout_s))
+        return None
+    return run_sync(lambda: _probe(cfg, timeout_s, with_topics))
+
+
+def answers(cfg: InfraConfig) -> bool:
+    """Ready means a metadata request succeeds."""
+    return probe(cfg) is not None
 
 
 def wait_ready(cfg: InfraConfig, pid: int | None) -> float:
@@ -326,30 +258,14 @@ def wait_ready(cfg: InfraConfig, pid: int | None) -> float:
     return time.monotonic() - started
 
 
-async def _warm_group_coordinator(admin: AIOKafkaAdminClient, timeout_s: float) -> None:
-    # The first FindCoordinator creates __consumer_offsets; doing it here means the
-    # first consumer group of a test or service does not pay for it.
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            await admin.find_coordinator("drivetrain-infra-warmup")
-            return
-        except KafkaError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
-
-
-async def _prepare(cfg: InfraConfig) -> TopicPlan:
-    async with open_admin(cfg) as admin:
-        plan = await ensure_topics(admin, cfg.topic_layout.partitions())
-        await _warm_group_coordinator(admin, timeout_s=30.0)
-    return plan
-
-
 def prepare_topics(cfg: InfraConfig) -> TopicPlan:
     """Create or grow the project topics and make the group coordinator ready."""
-    return run_sync(lambda: _prepare(cfg))
+
+    async def prepare() -> TopicPlan:
+        async with open_admin(cfg) as admin:
+            return await prepare_broker(admin, cfg.topic_layout.partitions())
+
+    return run_sync(prepare)
 
 
 @dataclass(frozen=True)
@@ -363,20 +279,9 @@ class KafkaStatus:
         return [name for name, n in wanted.items() if self.topics.get(name, 0) < n]
 
 
-async def _describe(cfg: InfraConfig) -> dict[str, int]:
-    async with open_admin(cfg, timeout_s=3.0) as admin:
-        return await describe_partitions(admin, list(cfg.topic_layout.partitions()))
-
-
 def status(cfg: InfraConfig) -> KafkaStatus:
-    pid = broker_pid(cfg)
-    if not answers(cfg):
-        return KafkaStatus(pid=pid, answering=False)
-    try:
-        topics = run_sync(lambda: _describe(cfg))
-    except (KafkaError, OSError, asyncio.TimeoutError):
-        return KafkaStatus(pid=pid, answering=False)
-    return KafkaStatus(pid=pid, answering=True, topics=topics)
+    topics = probe(cfg, with_topics=True)
+    return KafkaStatus(pid=broker_pid(cfg), answering=topics is not None, topics=topics or {})
 
 
 def up(cfg: InfraConfig, report: Report) -> KafkaStatus:
@@ -392,7 +297,7 @@ def up(cfg: InfraConfig, report: Report) -> KafkaStatus:
             if port_open(cfg.kafka_host, port):
                 raise InfraError(f"{cfg.kafka_host}:{port} is taken by another program")
         cfg.kafka_dir.mkdir(parents=True, exist_ok=True)
-        properties_file(cfg).write_text(server_properties(cfg))
+        cfg.kafka_properties_file.write_text(server_properties(cfg))
         format_storage(cfg, java, report)
         pid = start_broker(cfg, java)
         report(f"kafka: started broker (pid {pid}), log {cfg.kafka_log_file}")

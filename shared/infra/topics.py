@@ -1,7 +1,7 @@
-"""Creates the project's Kafka topics from `TopicLayout`, idempotently.
+"""Makes the broker ready for the project: its topics (from `TopicLayout`), a group coordinator.
 
-Missing topics are created, a partition count that grew is increased, existing topics
-are otherwise left alone (Kafka cannot remove partitions).
+Idempotent: missing topics are created, a partition count that grew is increased,
+existing topics are otherwise left alone (Kafka cannot remove partitions).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.errors import KafkaError
 
 from shared.infra import InfraError
 
@@ -92,4 +93,28 @@ async def ensure_topics(
         if time.monotonic() > deadline:
             raise InfraError(f"topics {sorted(wanted)} have no leaders after {timeout_s:.0f} s")
         await asyncio.sleep(0.1)
+    return plan
+
+
+async def warm_group_coordinator(admin: AIOKafkaAdminClient, timeout_s: float = 30.0) -> None:
+    """Wait until a group coordinator answers.
+
+    The first FindCoordinator creates __consumer_offsets; doing it here means the
+    first consumer group of a test or service does not pay for it.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await admin.find_coordinator("drivetrain-infra-warmup")
+            return
+        except KafkaError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def prepare_broker(admin: AIOKafkaAdminClient, wanted: Mapping[str, int]) -> TopicPlan:
+    """Topics as `wanted` says, every partition led, and the group coordinator up."""
+    plan = await ensure_topics(admin, wanted)
+    await warm_group_coordinator(admin)
     return plan

@@ -12,16 +12,16 @@ from shared.infra import kafka_bootstrap
 
 
 class KafkaTap:
-    def __init__(self, infra, topic: str) -> None:
+    def __init__(self, infra, topic: str, partitions: int) -> None:
         self._topic = topic
+        self._partitions = partitions
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=kafka_bootstrap(infra), group_id=None, enable_auto_commit=False, fetch_max_wait_ms=20
         )
 
     async def __aenter__(self) -> KafkaTap:
         await self._consumer.start()
-        await self._consumer.topics()  # loads the cluster metadata
-        tps = [TopicPartition(self._topic, p) for p in self._consumer.partitions_for_topic(self._topic)]
+        tps = [TopicPartition(self._topic, p) for p in range(self._partitions)]
         self._consumer.assign(tps)
         await self._consumer.seek_to_end(*tps)
         for tp in tps:

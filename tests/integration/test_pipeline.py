@@ -81,7 +81,7 @@ async def test_cancel_ends_with_cancelled(echo_fleet):
 
 
 async def test_disconnect_mid_stream_makes_the_worker_drop_it(echo_fleet, topics, infra):
-    async with KafkaTap(infra, topics.tokens) as tap:
+    async with KafkaTap(infra, topics.tokens, topics.tokens_partitions) as tap:
         sock = await ChatSocket.open(echo_fleet.spec.chat_url(1))
         await sock.chat("c1", " ".join(["word"] * 2000))
         request_id = (await sock.next_frame("c1"))["request_id"]

@@ -334,7 +334,8 @@ def check_pool_invariants(scheduler: Scheduler) -> None:
     manager = scheduler.kv_cache_manager
     pool = manager.block_pool
     refs: dict[int, int] = {}
-    for blocks in manager.req_to_blocks.values():
+    for request_id, blocks in manager.req_to_blocks.items():
+        assert manager.req_to_block_ids[request_id] == [block.block_id for block in blocks]
         for block in blocks:
             refs[block.block_id] = refs.get(block.block_id, 0) + 1
     for block in pool.blocks[1:]:

@@ -25,6 +25,8 @@ class KVCacheManager:
         self.block_size = block_pool.block_size
         self.max_model_len = max_model_len
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
+        # The same tables as plain ids: copied into every step's batch description.
+        self.req_to_block_ids: dict[str, list[int]] = {}
         # How many of a request's leading blocks are already registered in the cache.
         self.num_cached_blocks: dict[str, int] = {}
         self.num_prefix_queries_tokens = 0
@@ -89,12 +91,17 @@ class KVCacheManager:
         if request.request_id not in self.req_to_blocks:
             self._count_prefix_query(request, len(new_computed_blocks))
             self.req_to_blocks[request.request_id] = blocks
+            self.req_to_block_ids[request.request_id] = []
             self.num_cached_blocks[request.request_id] = len(new_computed_blocks)
         self.block_pool.touch(new_computed_blocks)
         blocks.extend(new_computed_blocks)
         new_blocks = self.block_pool.allocate(num_new_blocks)
         blocks.extend(new_blocks)
-        return [block.block_id for block in new_blocks]
+        new_block_ids = [block.block_id for block in new_blocks]
+        block_ids = self.req_to_block_ids[request.request_id]
+        block_ids.extend(block.block_id for block in new_computed_blocks)
+        block_ids.extend(new_block_ids)
+        return new_block_ids
 
     def cache_blocks(self, request: Request) -> None:
         """Register the request's full blocks whose KV is computed (up to num_computed_tokens)."""
@@ -116,10 +123,12 @@ class KVCacheManager:
         """Release the request's blocks, tail first, so its tail is evicted before its head."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
+        self.req_to_block_ids.pop(request.request_id, None)
         self.block_pool.free_blocks(reversed(blocks))
 
     def get_block_ids(self, request: Request) -> list[int]:
-        return [block.block_id for block in self.req_to_blocks.get(request.request_id, [])]
+        """A copy of the request's block table (block ids in position order)."""
+        return list(self.req_to_block_ids.get(request.request_id, ()))
 
     def _block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """The request's chained block hashes, extended (and kept on it) to `num_blocks` blocks."""

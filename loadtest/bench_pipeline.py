@@ -1,0 +1,185 @@
+"""What the pipeline costs: edge -> Kafka -> worker -> Kafka -> router -> edge vs a direct echo socket.
+
+Both sides serve the echo model at the same pace (one piece per `--delay-ms`), to
+the same clients in this process, one socket per stream. A token's latency is its
+arrival minus when the model's schedule says it was due, (k+1) * delay after the
+chat was sent, so the difference between the two sides is what the path adds.
+
+    python loadtest/bench_pipeline.py --json loadtest/results/pipeline.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from websockets.asyncio.server import serve  # noqa: E402
+
+from services.worker.echo import split_pieces  # noqa: E402
+from shared.chat_client import ChatSocket  # noqa: E402
+from shared.infra import ensure_up, load_config  # noqa: E402
+from shared.infra.kafka import open_admin  # noqa: E402
+from shared.infra.topics import ensure_topics  # noqa: E402
+from shared.launcher import Fleet, FleetSpec  # noqa: E402
+from shared.topics import TopicLayout  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DIRECT_PORT = 28999
+
+
+async def direct_echo_server(delay_s: float):
+    """The baseline: the same protocol and pacing, straight from one process to the socket."""
+
+    async def handler(ws) -> None:
+        async for text in ws:
+            frame = json.loads(text)
+            asyncio.get_running_loop().create_task(stream(ws, frame))
+
+    async def stream(ws, frame) -> None:
+        chat_id = frame["id"]
+        await ws.send(json.dumps({"type": "accepted", "id": chat_id, "request_id": uuid.uuid4().hex}))
+        pieces = split_pieces(frame["messages"][-1]["content"])
+        start = time.perf_counter()
+        for seq, piece in enumerate(pieces):
+            # Keep to the schedule like the engine's steps do, without drift from sends.
+            await asyncio.sleep(max(0.0, start + (seq + 1) * delay_s - time.perf_counter()))
+            await ws.send(json.dumps({"type": "token", "id": chat_id, "seq": seq, "text": piece}))
+        usage = {"prompt_tokens": len(pieces), "cached_tokens": 0, "completion_tokens": len(pieces)}
+        await ws.send(json.dumps({"type": "done", "id": chat_id, "finish_reason": "stop", "usage": usage}))
+
+    return await serve(handler, "127.0.0.1", DIRECT_PORT, compression=None, max_queue=None)
+
+
+async def run_streams(url: str, streams: int, words: int, delay_s: float) -> dict:
+    text = " ".join(f"w{i}" for i in range(words))
+    sockets = await asyncio.gather(*(ChatSocket.open(url) for _ in range(streams)))
+    try:
+        t0 = time.perf_counter()
+
+        async def one(sock: ChatSocket) -> tuple[float, object]:
+            sent = time.perf_counter()
+            await sock.chat("c", text, max_tokens=words)
+            return sent, await sock.collect("c", timeout=300)
+
+        runs = await asyncio.gather(*(one(s) for s in sockets))
+        wall = time.perf_counter() - t0
+    finally:
+        await asyncio.gather(*(s.close() for s in sockets), return_exceptions=True)
+    latencies, tokens, bad = [], 0, 0
+    for sent, result in runs:
+        token_times = [t for f, t in zip(result.frames, result.arrivals) if f["type"] == "token"]
+        if result.text != text or result.final["type"] != "done":
+            bad += 1
+        tokens += len(token_times)
+        latencies += [(t - sent - (k + 1) * delay_s) * 1000 for k, t in enumerate(token_times)]
+    lat = np.array(latencies)
+    return {
+        "streams": streams,
+        "tokens": tokens,
+        "incomplete_streams": bad,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(tokens / wall, 1),
+        "latency_ms_p50": round(float(np.percentile(lat, 50)), 2),
+        "latency_ms_p99": round(float(np.percentile(lat, 99)), 2),
+    }
+
+
+def start_fleet(delay_ms: float) -> tuple[Fleet, Path]:
+    infra = load_config()
+    ensure_up(infra)
+    layout = TopicLayout(prefix=f"bench-{uuid.uuid4().hex[:8]}")
+
+    async def create() -> None:
+        async with open_admin(infra) as admin:
+            await ensure_topics(admin, layout.partitions())
+
+    asyncio.run(create())
+    log_dir = Path(infra.infra_dir) / "logs" / "bench"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    spec = FleetSpec(
+        edges=1, workers=1, routers=1, model="echo", echo_delay_ms=delay_ms,
+        base_port=28080, base_internal_port=29180, extra_env={"DRIVETRAIN_TOPIC_PREFIX": layout.prefix},
+    )
+    fleet = Fleet(spec, log_dir=log_dir, echo_logs=False)
+    fleet.start()
+    return fleet, log_dir
+
+
+async def measure(args: argparse.Namespace, pipeline_url: str) -> list[dict]:
+    delay_s = args.delay_ms / 1000
+    server = await direct_echo_server(delay_s)
+    rows = []
+    try:
+        for streams in args.streams:
+            for _ in range(args.warmup):
+                await run_streams(pipeline_url, min(streams, 20), 5, delay_s)
+            direct = await run_streams(f"ws://127.0.0.1:{DIRECT_PORT}/v1/chat", streams, args.words, delay_s)
+            pipeline = await run_streams(pipeline_url, streams, args.words, delay_s)
+            row = {
+                "streams": streams,
+                "direct": direct,
+                "pipeline": pipeline,
+                "added_latency_ms_p50": round(pipeline["latency_ms_p50"] - direct["latency_ms_p50"], 2),
+                "added_latency_ms_p99": round(pipeline["latency_ms_p99"] - direct["latency_ms_p99"], 2),
+                "throughput_ratio": round(pipeline["tokens_per_s"] / direct["tokens_per_s"], 3),
+            }
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    finally:
+        server.close()
+        await server.wait_closed()
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    streams = [str(r["streams"]) for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    x = np.arange(len(rows))
+    left.bar(x - 0.2, [r["added_latency_ms_p50"] for r in rows], 0.4, label="p50")
+    left.bar(x + 0.2, [r["added_latency_ms_p99"] for r in rows], 0.4, label="p99")
+    left.set(xticks=x, xticklabels=streams, xlabel="concurrent streams", ylabel="ms", title="latency the path adds per token")
+    left.legend()
+    right.bar(x - 0.2, [r["direct"]["tokens_per_s"] for r in rows], 0.4, label="direct echo socket")
+    right.bar(x + 0.2, [r["pipeline"]["tokens_per_s"] for r in rows], 0.4, label="through Kafka + router")
+    right.set(xticks=x, xticklabels=streams, xlabel="concurrent streams", ylabel="tokens/s", title="tokens delivered")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 100, 1000])
+    parser.add_argument("--words", type=int, default=50, help="tokens per stream")
+    parser.add_argument("--delay-ms", type=float, default=20.0, help="echo model pace: one piece per step")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=RESULTS / "pipeline.json")
+    args = parser.parse_args()
+    fleet, log_dir = start_fleet(args.delay_ms)
+    try:
+        rows = asyncio.run(measure(args, fleet.spec.chat_url(0)))
+    finally:
+        fleet.stop()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    command = "python loadtest/bench_pipeline.py " + " ".join(sys.argv[1:])
+    args.json.write_text(json.dumps({"command": command.strip(), "delay_ms": args.delay_ms, "words": args.words, "rows": rows}, indent=2))
+    plot(rows, args.json.with_suffix(".png"))
+    print(f"wrote {args.json} and {args.json.with_suffix('.png')}; fleet logs in {log_dir}")
+
+
+if __name__ == "__main__":
+    main()

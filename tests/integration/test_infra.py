@@ -1,0 +1,194 @@
+"""The local infrastructure: `ensure_up` brings a real Kafka broker and Redis Cluster up.
+
+Needs java (and mvn on the first run) and redis-server; skipped, saying which is
+missing, where they are not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+from shared.infra import (
+    InfraConfig,
+    MissingPrerequisite,
+    ensure_up,
+    kafka_bootstrap,
+    redis_startup_nodes,
+)
+from shared.infra.command import main as infra_main
+from shared.infra.config import load_config
+from shared.infra.redis_cluster import status as redis_status
+from shared.infra.topics import describe_partitions, ensure_topics, plan_topics
+from shared.topics import TopicLayout
+
+
+@pytest.fixture(scope="module")
+def infra() -> InfraConfig:
+    cfg = load_config()
+    try:
+        ensure_up(cfg)
+    except MissingPrerequisite as exc:
+        pytest.skip(f"local infrastructure cannot start: {exc}")
+    return cfg
+
+
+@pytest.fixture
+async def admin(infra: InfraConfig) -> AsyncIterator[AIOKafkaAdminClient]:
+    client = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap(infra))
+    await client.start()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def scratch_topic(admin: AIOKafkaAdminClient) -> AsyncIterator[str]:
+    """A throw-away topic, so tests never write into the project's own topics."""
+    name = f"drivetrain.test.infra-{uuid.uuid4().hex[:8]}"
+    await admin.create_topics([NewTopic(name, 2, 1)])
+    try:
+        yield name
+    finally:
+        await admin.delete_topics([name])
+
+
+def test_status_says_all_up(infra: InfraConfig, capsys: pytest.CaptureFixture[str]) -> None:
+    assert infra_main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "kafka  up" in out and kafka_bootstrap(infra) in out
+    assert "redis  up" in out
+
+
+async def test_project_topics_have_the_layout_partition_counts(
+    infra: InfraConfig, admin: AIOKafkaAdminClient
+) -> None:
+    wanted = infra.topic_layout.partitions()
+    assert len(wanted) == 4
+    assert await describe_partitions(admin, list(wanted)) == wanted
+
+
+async def test_ensure_topics_creates_then_grows_then_leaves_alone(
+    admin: AIOKafkaAdminClient,
+) -> None:
+    name = f"drivetrain.test.grow-{uuid.uuid4().hex[:8]}"
+    try:
+        created = await ensure_topics(admin, {name: 1})
+        assert created.create == {name: 1}
+        grown = await ensure_topics(admin, {name: 3})
+        assert grown.grow == {name: 3} and not grown.create
+        again = await ensure_topics(admin, {name: 3})
+        assert again.is_empty
+        assert await describe_partitions(admin, [name]) == {name: 3}
+    finally:
+        await admin.delete_topics([name])
+
+
+def test_redis_cluster_has_three_masters_with_linked_replicas(infra: InfraConfig) -> None:
+    current = redis_status(infra)
+    assert current.ready
+    assert (current.masters, current.replicas, current.replicas_linked) == (3, 3, 3)
+    assert all(node.cluster_state == "ok" for node in current.nodes)
+
+
+async def test_redis_cluster_set_get_through_redis_py(infra: InfraConfig) -> None:
+    nodes = [ClusterNode(host, port) for host, port in redis_startup_nodes(infra)]
+    client = RedisCluster(startup_nodes=nodes, decode_responses=True)
+    try:
+        await asyncio.wait_for(client.initialize(), 10)
+        assert len(client.get_primaries()) == 3 and len(client.get_replicas()) == 3
+        # Keys in different slots land on different masters.
+        values = {f"infra-test:{i}:{uuid.uuid4().hex}": str(i) for i in range(20)}
+        for key, value in values.items():
+            assert await client.set(key, value, ex=60)
+        for key, value in values.items():
+            assert await client.get(key) == value
+        await client.delete(*values)
+    finally:
+        await client.aclose()
+
+
+async def test_kafka_round_trip_with_idempotent_producer_and_manual_commit(
+    infra: InfraConfig, scratch_topic: str
+) -> None:
+    bootstrap = kafka_bootstrap(infra)
+    sent = [f"message-{i}".encode() for i in range(50)]
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        for i, value in enumerate(sent):
+            await producer.send(scratch_topic, value, key=str(i % 7).encode())
+        await asyncio.wait_for(producer.flush(), 10)
+    finally:
+        await producer.stop()
+
+    group = f"infra-test-{uuid.uuid4().hex[:8]}"
+    consumer = AIOKafkaConsumer(
+        scratch_topic, bootstrap_servers=bootstrap, group_id=group,
+        enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=50,
+    )  # fmt: skip
+    started = time.monotonic()
+    await asyncio.wait_for(consumer.start(), 15)
+    try:
+        received: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(received) < len(sent) and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            received += [m.value for msgs in batches.values() for m in msgs]
+        first_group_s = time.monotonic() - started
+        assert sorted(received) == sorted(sent)
+        await consumer.commit()
+        partitions = [TopicPartition(scratch_topic, p) for p in range(2)]
+        ends = await consumer.end_offsets(partitions)
+        for tp in partitions:
+            assert await consumer.committed(tp) == ends[tp]
+    finally:
+        await consumer.stop()
+    # The coordinator was warmed by `up`, so a fresh group does not wait long.
+    assert first_group_s < 10, f"first consumer group took {first_group_s:.1f} s"
+
+
+def test_second_ensure_up_is_fast(infra: InfraConfig) -> None:
+    started = time.monotonic()
+    ensure_up(infra)
+    assert time.monotonic() - started < 5.0
+
+
+# --- pure parts, no services -------------------------------------------------------
+
+
+def test_plan_topics_creates_grows_and_refuses_to_shrink() -> None:
+    plan = plan_topics(
+        existing={"a": 4, "b": 2, "c": 8},
+        wanted={"a": 4, "b": 6, "c": 2, "d": 1},
+    )
+    assert plan.create == {"d": 1}
+    assert plan.grow == {"b": 6}
+    assert plan.cannot_shrink == {"c": (8, 2)}
+    assert plan_topics({"a": 4}, {"a": 4}).is_empty
+
+
+def test_load_config_reads_drivetrain_overrides(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = load_config({
+        "DRIVETRAIN_INFRA_DIR": str(tmp_path),
+        "DRIVETRAIN_KAFKA_PORT": "19092",
+        "DRIVETRAIN_KAFKA_READY_TIMEOUT_S": "12.5",
+        "DRIVETRAIN_REDIS_PORTS": "8000-8005",
+        "DRIVETRAIN_REQUESTS_PARTITIONS": "16",
+        "DRIVETRAIN_TOPIC_PREFIX": "trial",
+    })  # fmt: skip
+    assert cfg.infra_dir == tmp_path.resolve()
+    assert kafka_bootstrap(cfg) == "127.0.0.1:19092"
+    assert cfg.kafka_ready_timeout_s == 12.5
+    assert redis_startup_nodes(cfg)[0] == ("127.0.0.1", 8000) and len(cfg.redis_ports) == 6
+    assert cfg.topic_layout == TopicLayout(prefix="trial", requests_partitions=16)
+    with pytest.raises(ValueError, match="3 masters"):
+        load_config({"DRIVETRAIN_REDIS_PORTS": "8000,8001,8002"})

@@ -1,0 +1,65 @@
+"""The compose stack cannot run here, so check that it agrees with the code's config."""
+
+import dataclasses
+from pathlib import Path
+
+import yaml
+
+from services.edge.config import EdgeConfig
+from services.router.config import RouterConfig
+from services.worker.config import WorkerConfig
+from shared.config import PROFILES, env_name, parse_address
+from shared.topics import TopicLayout
+
+COMPOSE = yaml.safe_load((Path(__file__).parents[2] / "compose" / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+ROLES = {"edge": EdgeConfig, "router": RouterConfig, "worker": WorkerConfig}
+
+
+def drivetrain_services():
+    for name, service in SERVICES.items():
+        command = service.get("command")
+        if isinstance(command, list) and command and command[0] in ROLES:
+            yield name, service, ROLES[command[0]]
+
+
+def test_every_role_is_in_the_stack():
+    assert {cls for _, _, cls in drivetrain_services()} == set(ROLES.values())
+
+
+def test_environment_names_real_config_fields():
+    for name, service, cls in drivetrain_services():
+        known = {env_name(f.name) for f in dataclasses.fields(cls)}
+        unknown = set(service["environment"]) - known
+        assert not unknown, f"{name} sets variables no config field reads: {unknown}"
+
+
+def test_compose_profile_points_at_stack_services():
+    profile = PROFILES["compose"]
+    host, port = parse_address(profile["kafka_bootstrap"])
+    assert host in SERVICES and f"PLAINTEXT://{host}:{port}" in SERVICES[host]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    for node in profile["redis_nodes"].split(","):
+        host, port = parse_address(node)
+        assert host in SERVICES and f"--port {port}" in " ".join(SERVICES[host]["command"])
+
+
+def test_edge_ports_and_router_peers_agree():
+    edge = SERVICES["edge-0"]
+    port = int(edge["environment"]["DRIVETRAIN_PORT"])
+    internal = int(edge["environment"]["DRIVETRAIN_INTERNAL_PORT"])
+    assert f"{port}:{port}" in edge["ports"]
+    peers = RouterConfig(edges=SERVICES["router"]["environment"]["DRIVETRAIN_EDGES"]).edge_addresses()
+    assert peers == {"edge-0": ("edge-0", internal)}
+
+
+def test_topics_created_match_the_layout():
+    script = "\n".join(SERVICES["kafka-init"]["command"])
+    layout = TopicLayout()
+    for topic, partitions in layout.partitions().items():
+        suffix = topic.removeprefix(layout.prefix + ".")
+        assert f"{suffix}:{partitions}" in script
+
+
+def test_workers_reserve_a_gpu():
+    devices = SERVICES["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"]
