@@ -42,7 +42,9 @@ def _check_inputs(
             f"block_tables and context_lens must be int32 or int64; got {block_tables.dtype}, {context_lens.dtype}"
         )
     if q.dtype not in _FLOAT_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(f"q, k_cache, v_cache must share one of {_FLOAT_DTYPES}; got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+        raise ValueError(
+            f"q, k_cache, v_cache must share one of {_FLOAT_DTYPES}; got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
+        )
 
 
 def paged_decode_attention_ref(

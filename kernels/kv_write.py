@@ -26,7 +26,9 @@ def _check_inputs(
             f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
     if k.shape[1:] != k_cache.shape[2:]:
-        raise ValueError(f"k is (T, Hkv, D) = {tuple(k.shape)} but the cache holds (Hkv, D) = {tuple(k_cache.shape[2:])}")
+        raise ValueError(
+            f"k is (T, Hkv, D) = {tuple(k.shape)} but the cache holds (Hkv, D) = {tuple(k_cache.shape[2:])}"
+        )
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] != k.shape[0]:
         raise ValueError(f"slot_mapping must be ({k.shape[0]},); got {tuple(slot_mapping.shape)}")
     if slot_mapping.dtype not in _INDEX_DTYPES:

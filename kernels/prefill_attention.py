@@ -38,14 +38,18 @@ def _check_inputs(
         raise ValueError(f"context_lens must be (N,); got {tuple(context_lens.shape)}")
     num_seqs = context_lens.shape[0]
     if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] != num_seqs + 1:
-        raise ValueError(f"cu_seqlens_q must be ({num_seqs + 1},) for {num_seqs} sequences; got {tuple(cu_seqlens_q.shape)}")
+        raise ValueError(
+            f"cu_seqlens_q must be ({num_seqs + 1},) for {num_seqs} sequences; got {tuple(cu_seqlens_q.shape)}"
+        )
     if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
         raise ValueError(f"block_tables must be ({num_seqs}, max_blocks_per_seq); got {tuple(block_tables.shape)}")
     for name, t in (("block_tables", block_tables), ("cu_seqlens_q", cu_seqlens_q), ("context_lens", context_lens)):
         if t.dtype not in _INDEX_DTYPES:
             raise ValueError(f"{name} must be int32 or int64; got {t.dtype}")
     if q.dtype not in _FLOAT_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(f"q, k_cache, v_cache must share one of {_FLOAT_DTYPES}; got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+        raise ValueError(
+            f"q, k_cache, v_cache must share one of {_FLOAT_DTYPES}; got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
+        )
 
 
 def paged_prefill_attention_ref(

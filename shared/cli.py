@@ -100,6 +100,7 @@ def _up(args: argparse.Namespace) -> int:
         print(f"\n{exc}; stopping", file=sys.stderr, flush=True)
         return 1
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
         fleet.stop()
     return 0
 

@@ -17,6 +17,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from services.edge.auth import authenticate, parse_api_keys
 from services.edge.connection import Connection
+from services.edge.protocol import encode_frame
 from services.edge.service import EdgeService
 
 
@@ -32,7 +33,10 @@ def build_app(service: EdgeService) -> Starlette:
             )
             return
         await websocket.accept()
-        conn = Connection(uuid.uuid4().hex, tenant, websocket)
+        async def send_frame(frame: dict) -> None:
+            await websocket.send_text(encode_frame(frame))
+
+        conn = Connection(uuid.uuid4().hex, tenant, send_frame)
         service.open_connection(conn)
         writer = asyncio.create_task(conn.run_writer())
         try:

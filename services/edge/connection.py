@@ -1,8 +1,8 @@
-"""One client socket: its chats in flight, their stream order, and one writer that owns the socket.
+"""One client connection: its chats in flight, their stream order, and one writer that owns the output.
 
-Events for the socket arrive from any router task; they are ordered per request
-synchronously and queued, and a single writer task sends them, so frames never
-interleave or reorder.
+Events arrive from any router task; they are ordered per request synchronously and
+queued as protocol frames, and a single writer task hands them to the connection's
+sink (a WebSocket, or an HTTP event stream), so frames never interleave or reorder.
 """
 
 from __future__ import annotations
@@ -12,11 +12,16 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from collections.abc import Awaitable, Callable
 
-from services.edge.protocol import encode_frame, event_frame
+from starlette.websockets import WebSocketDisconnect
+
+from services.edge.protocol import event_frame
 from services.edge.stream_order import StreamOrder
 from shared import wire
+
+
+Frame = dict[str, Any]
 
 
 @dataclass
@@ -27,11 +32,11 @@ class Chat:
 
 
 class Connection:
-    def __init__(self, conn_id: str, tenant: str, websocket: WebSocket) -> None:
+    def __init__(self, conn_id: str, tenant: str, sink: Callable[[Frame], Awaitable[None]]) -> None:
         self.conn_id = conn_id
         self.tenant = tenant
-        self._websocket = websocket
-        self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
+        self._sink = sink
+        self._outbox: asyncio.Queue[Frame | None] = asyncio.Queue()
         self._by_chat: dict[str, Chat] = {}
         self._by_request: dict[str, Chat] = {}
 
@@ -60,8 +65,8 @@ class Connection:
             self._by_chat.pop(chat.chat_id, None)
 
     # Outgoing frames ---------------------------------------------------------------
-    def send(self, frame: dict[str, Any]) -> None:
-        self._outbox.put_nowait(encode_frame(frame))
+    def send(self, frame: Frame) -> None:
+        self._outbox.put_nowait(frame)
 
     def deliver(self, event: wire.Event) -> bool:
         """Queue a token-path event in seq order; True when it ended its chat."""
@@ -70,17 +75,17 @@ class Connection:
             return False
         ended = False
         for ready in chat.order.push(event):
-            self._outbox.put_nowait(encode_frame(event_frame(chat.chat_id, ready)))
+            self._outbox.put_nowait(event_frame(chat.chat_id, ready))
             ended = chat.order.finished
         if ended:
             self.close_chat(event.request_id)
         return ended
 
     async def run_writer(self) -> None:
-        """Send queued frames until `close_writer`; a dead socket just ends the loop."""
-        while (text := await self._outbox.get()) is not None:
+        """Send queued frames until `close_writer`; a dead sink just ends the loop."""
+        while (frame := await self._outbox.get()) is not None:
             try:
-                await self._websocket.send_text(text)
+                await self._sink(frame)
             except (WebSocketDisconnect, RuntimeError, OSError):
                 break
         with contextlib.suppress(asyncio.QueueEmpty):

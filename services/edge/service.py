@@ -68,13 +68,14 @@ class EdgeService:
         try:
             frame = parse_client_frame(text)
             if isinstance(frame, ChatFrame):
-                await self._start_chat(conn, frame)
+                await self.start_chat(conn, frame)
             elif isinstance(frame, CancelFrame):
-                await self._cancel_chat(conn, frame)
+                await self.cancel_chat(conn, frame.id)
         except ProtocolError as exc:
             conn.send(error_frame(exc.chat_id, exc.code, exc.message, exc.retryable))
 
-    async def _start_chat(self, conn: Connection, frame: ChatFrame) -> None:
+    async def start_chat(self, conn: Connection, frame: ChatFrame) -> None:
+        """Admit a chat for any kind of connection; raises ProtocolError when refused."""
         if conn.has_chat(frame.id):
             raise ProtocolError("duplicate_id", f"chat id {frame.id!r} is already in flight on this socket", frame.id)
         if conn.num_chats() >= self.config.max_chats_per_connection:
@@ -107,10 +108,10 @@ class EdgeService:
             conn.close_chat(request_id)
             raise ProtocolError("unavailable", "the service could not take this chat now; retry", frame.id, True) from exc
 
-    async def _cancel_chat(self, conn: Connection, frame: CancelFrame) -> None:
-        request_id = conn.request_of(frame.id)
+    async def cancel_chat(self, conn: Connection, chat_id: str) -> None:
+        request_id = conn.request_of(chat_id)
         if request_id is None:
-            raise ProtocolError("unknown_id", f"no chat {frame.id!r} in flight on this socket", frame.id)
+            raise ProtocolError("unknown_id", f"no chat {chat_id!r} in flight on this socket", chat_id)
         # The worker answers with `done` (finish_reason "cancelled") on the token path.
         await self._cancel([request_id])
 

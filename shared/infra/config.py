@@ -42,6 +42,7 @@ class InfraConfig:
     # Address the Redis nodes bind to and announce.
     redis_host: str = "127.0.0.1"
     # One Redis Cluster node per port; with one replica each, half become masters.
+    # Each node also listens on port + 10000 (cluster bus): keep those free too.
     redis_ports: tuple[int, ...] = (7000, 7001, 7002, 7003, 7004, 7005)
     # Replicas per master given to `redis-cli --cluster create`.
     redis_replicas: int = 1

@@ -1,7 +1,8 @@
 """A local Redis Cluster (3 masters, 3 replicas by default) from Debian's redis-server.
 
 Starts daemonized nodes, forms the cluster once with `redis-cli --cluster create`, and
-calls it ready only when every node says cluster_state:ok and every replica's link is up.
+calls it ready only when every node says cluster_state:ok, every replica's link is up,
+and every node's slot map (what clients load) names the replicas too.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from shared.infra.config import InfraConfig
 
 Report = Callable[[str], None]
 INSTALL_HINT = "apt-get update && apt-get install -y redis-server"
+SUDO_INSTALL_HINT = "sudo apt-get update && sudo apt-get install -y redis-server"
 CLUSTER_SLOTS = 16384
 
 
@@ -48,7 +50,7 @@ def find_redis(report: Report) -> tuple[str, str]:
             _install_with_apt(report)
         else:
             raise MissingPrerequisite(
-                f"redis-server / redis-cli not found; install them with: sudo {INSTALL_HINT}"
+                f"redis-server / redis-cli not found; install them with: {SUDO_INSTALL_HINT}"
             )
     server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
     if server is None or cli is None:
@@ -79,6 +81,9 @@ class NodeStatus:
     known_nodes: int = 0
     slots_assigned: int = 0
     link_up: bool = False  # replicas: master_link_status:up; masters: always False
+    # Fewest replicas listed for a slot range in this node's CLUSTER SLOTS. Redis leaves
+    # out replicas with replication offset 0, so a fresh cluster hides them from clients.
+    slot_replicas: int = 0
 
 
 def node_status(cfg: InfraConfig, port: int) -> NodeStatus:
@@ -86,6 +91,7 @@ def node_status(cfg: InfraConfig, port: int) -> NodeStatus:
         with _client(cfg, port) as client:
             cluster = _parse_info(client.execute_command("CLUSTER", "INFO"))
             replication = client.info("replication")
+            slot_ranges = client.execute_command("CLUSTER", "SLOTS")
     except redis.RedisError:
         return NodeStatus(port=port, running=False)
     return NodeStatus(
@@ -96,6 +102,8 @@ def node_status(cfg: InfraConfig, port: int) -> NodeStatus:
         known_nodes=int(cluster.get("cluster_known_nodes", 0)),
         slots_assigned=int(cluster.get("cluster_slots_assigned", 0)),
         link_up=replication.get("master_link_status") == "up",
+        # Each range reads [start, end, master, replica, ...].
+        slot_replicas=min((len(r) - 3 for r in slot_ranges), default=0),
     )
 
 
@@ -103,6 +111,7 @@ def node_status(cfg: InfraConfig, port: int) -> NodeStatus:
 class RedisStatus:
     nodes: list[NodeStatus]
     expected_masters: int
+    replicas_per_master: int
 
     @property
     def masters(self) -> int:
@@ -138,12 +147,14 @@ class RedisStatus:
             and all(n.cluster_state == "ok" for n in self.nodes)
             and self.masters == self.expected_masters
             and self.replicas_linked == len(self.nodes) - self.expected_masters
+            and all(n.slot_replicas >= self.replicas_per_master for n in self.nodes)
         )
 
 
 def status(cfg: InfraConfig) -> RedisStatus:
     masters = len(cfg.redis_ports) // (cfg.redis_replicas + 1)
-    return RedisStatus([node_status(cfg, p) for p in cfg.redis_ports], expected_masters=masters)
+    nodes = [node_status(cfg, p) for p in cfg.redis_ports]
+    return RedisStatus(nodes, expected_masters=masters, replicas_per_master=cfg.redis_replicas)
 
 
 def start_node(cfg: InfraConfig, port: int, server: str) -> None:
@@ -157,6 +168,10 @@ def start_node(cfg: InfraConfig, port: int, server: str) -> None:
         "--pidfile", str(node_dir / "redis.pid"), "--logfile", str(cfg.redis_log_file(port)),
         # A cache of routes for development: no snapshots or append-only file.
         "--save", "", "--appendonly", "no",
+        # Masters ping replicas every second (default 10): replica offsets leave 0
+        # at once, so the slot map lists them, and a replica's data age stays fresh
+        # enough for it to be allowed to take over soon after the cluster forms.
+        "--repl-ping-replica-period", "1",
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=15)
     if done.returncode != 0:
@@ -171,7 +186,8 @@ def _wait_running(cfg: InfraConfig, ports: list[int], timeout_s: float = 10.0) -
         if pending and time.monotonic() > deadline:
             port = pending[0]
             raise InfraError(
-                f"redis on port {port} does not answer (port taken?); end of "
+                f"redis on port {port} does not answer (port, or bus port {port + 10000}, "
+                f"taken?); end of "
                 f"{cfg.redis_log_file(port)}:\n{log_tail(cfg.redis_log_file(port))}"
             )
         time.sleep(0.05)
@@ -209,6 +225,8 @@ def describe(current: RedisStatus) -> str:
         f"{current.masters} masters, {current.replicas} replicas "
         f"({current.replicas_linked} linked), cluster_state {'/'.join(states) or '-'}"
     )
+    hidden = sum(n.running and n.slot_replicas < current.replicas_per_master for n in current.nodes)
+    text += f", {hidden} nodes' slot maps lack replicas" if hidden else ""
     return text + (f", nodes down: {down}" if down else "")
 
 

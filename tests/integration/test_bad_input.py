@@ -62,7 +62,7 @@ async def test_bad_frames_get_error_and_socket_stays_usable(echo_fleet, frame, c
 async def test_reused_in_flight_id_is_refused(echo_fleet):
     sock = await ChatSocket.open(echo_fleet.spec.chat_url(1))
     try:
-        await sock.chat("dup", " ".join(["w"] * 400))
+        await sock.chat("dup", " ".join(["w"] * 200))
         assert (await sock.next_frame("dup"))["type"] == "accepted"
         await sock.chat("dup", "again")
         frames = []
@@ -71,7 +71,7 @@ async def test_reused_in_flight_id_is_refused(echo_fleet):
         assert frames[-1]["code"] == "duplicate_id"
         result = await sock.collect("dup")  # the first chat goes on untouched
         tokens = [f for f in frames if f["type"] == "token"] + result.tokens
-        assert [f["seq"] for f in tokens] == list(range(400))
+        assert [f["seq"] for f in tokens] == list(range(200))
         await still_serves(sock)
     finally:
         await sock.close()

@@ -8,11 +8,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from gguf import GGUFReader, TokenType, dequantize
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as TokenizerBackend
 
 from services.worker.engine.config import SHAPES, ModelConfig
 from services.worker.engine.model import LlamaModel
@@ -143,6 +147,10 @@ def smollm2_folder() -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_FOLDER}-", dir=final.parent))
     try:
         convert_gguf(gguf_path, staging)
+        # mkdtemp and safetensors make private files; the cache may be shared between users.
+        staging.chmod(0o755)
+        for file in staging.iterdir():
+            file.chmod(0o644)
         try:
             staging.rename(final)
         except OSError:
@@ -160,15 +168,17 @@ def _unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:  # (H*D, 
     return w.reshape(num_heads, rows // num_heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
+def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    return reader.fields[key].contents() if key in reader.fields else default
+
+
 def convert_gguf(gguf_path: Path, out: Path) -> None:
     """Write config.json, model.safetensors (float32), tokenizer.json and tokenizer_config.json
     from a Llama-architecture GGUF file."""
-    from gguf import GGUFReader, dequantize
-
     reader = GGUFReader(gguf_path)
 
-    def field(key: str):
-        return reader.fields[key].contents()
+    def field(key: str) -> Any:
+        return _field(reader, key)
 
     arch = field("general.architecture")
     if arch != "llama":
@@ -219,30 +229,31 @@ def convert_gguf(gguf_path: Path, out: Path) -> None:
         "torch_dtype": "float32",
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    _write_tokenizer(reader, out, field)
+    _write_tokenizer(reader, out)
 
 
-def _write_tokenizer(reader, out: Path, field) -> None:
+def _write_tokenizer(reader: GGUFReader, out: Path) -> None:
     """tokenizer.json (byte-level BPE from the GGUF vocabulary and merges) and tokenizer_config.json."""
-    from tokenizers import AddedToken, decoders, models, pre_tokenizers
-    from tokenizers import Tokenizer as Backend
-
-    if field("tokenizer.ggml.model") != "gpt2":
-        raise ValueError(f"only byte-level BPE ('gpt2') GGUF tokenizers are supported, got {field('tokenizer.ggml.model')!r}")
-    tokens = field("tokenizer.ggml.tokens")
-    token_types = field("tokenizer.ggml.token_type")
-    merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges")]
-    backend = Backend(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    kind = _field(reader, "tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"only byte-level BPE ('gpt2') GGUF tokenizers are supported, got {kind!r}")
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    token_types = _field(reader, "tokenizer.ggml.token_type")
+    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
+    backend = TokenizerBackend(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     backend.decoder = decoders.ByteLevel()
-    control = 3  # gguf TokenType.CONTROL: <|im_start|> and the like
-    backend.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, token_types) if kind == control]
-    )
+    # Control tokens (<|im_start|> and the like) are matched whole, never split by BPE.
+    backend.add_special_tokens([
+        AddedToken(t, special=True, normalized=False)
+        for t, token_type in zip(tokens, token_types)
+        if token_type == TokenType.CONTROL
+    ])
     backend.save(str(out / "tokenizer.json"))
 
     def token(key: str) -> str | None:
-        return tokens[field(key)] if key in reader.fields else None
+        index = _field(reader, key)
+        return None if index is None else tokens[index]
 
     tok_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -250,9 +261,10 @@ def _write_tokenizer(reader, out: Path, field) -> None:
         "eos_token": token("tokenizer.ggml.eos_token_id"),
         "unk_token": token("tokenizer.ggml.unknown_token_id"),
         "pad_token": token("tokenizer.ggml.padding_token_id"),
-        "add_bos_token": bool(field("tokenizer.ggml.add_bos_token")) if "tokenizer.ggml.add_bos_token" in reader.fields else False,
+        "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+        # Decode exactly what the tokens say, as our Tokenizer does.
         "clean_up_tokenization_spaces": False,
-        "model_max_length": field(f"{field('general.architecture')}.context_length"),
-        "chat_template": field("tokenizer.chat_template") if "tokenizer.chat_template" in reader.fields else None,
+        "model_max_length": _field(reader, "llama.context_length"),
+        "chat_template": _field(reader, "tokenizer.chat_template"),
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, ensure_ascii=False))
