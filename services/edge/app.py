@@ -16,7 +16,9 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from services.edge.auth import authenticate, parse_api_keys
+from services.edge.chat_page import chat_page_routes
 from services.edge.connection import Connection
+from services.edge.openai_api import openai_routes
 from services.edge.protocol import encode_frame
 from services.edge.service import EdgeService
 
@@ -55,4 +57,11 @@ def build_app(service: EdgeService) -> Starlette:
     async def health(_: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "edge_id": service.config.edge_id})
 
-    return Starlette(routes=[WebSocketRoute("/v1/chat", chat_socket), Route("/healthz", health)])
+    return Starlette(
+        routes=[
+            WebSocketRoute("/v1/chat", chat_socket),
+            Route("/healthz", health),
+            *openai_routes(service, api_keys),
+            *chat_page_routes(),
+        ]
+    )

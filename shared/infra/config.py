@@ -50,7 +50,7 @@ class InfraConfig:
     redis_node_timeout_ms: int = 2000
     # How long `up` waits for the broker to answer an admin request.
     kafka_ready_timeout_s: float = 90.0
-    # How long `up` waits for cluster_state:ok and every replica link up.
+    # How long `up` waits for cluster_state:ok, replica links up, replicas in slot maps.
     redis_ready_timeout_s: float = 60.0
     # How long `down` waits after SIGTERM before it sends SIGKILL to the broker.
     kafka_stop_timeout_s: float = 30.0

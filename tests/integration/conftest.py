@@ -20,8 +20,9 @@ from shared.infra.topics import ensure_topics
 from shared.launcher import Fleet, FleetSpec
 from shared.topics import TopicLayout
 
-TEST_PORT = 18080
-TEST_INTERNAL_PORT = 19180
+# Separate runs on one machine can set their own ports.
+TEST_PORT = int(os.environ.get("DRIVETRAIN_TEST_BASE_PORT", "18080"))
+TEST_INTERNAL_PORT = TEST_PORT + 1100
 
 
 @pytest.fixture(scope="session")

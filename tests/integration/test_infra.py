@@ -10,6 +10,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -176,7 +177,7 @@ def test_plan_topics_creates_grows_and_refuses_to_shrink() -> None:
     assert plan_topics({"a": 4}, {"a": 4}).is_empty
 
 
-def test_load_config_reads_drivetrain_overrides(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_load_config_reads_drivetrain_overrides(tmp_path: Path) -> None:
     cfg = load_config({
         "DRIVETRAIN_INFRA_DIR": str(tmp_path),
         "DRIVETRAIN_KAFKA_PORT": "19092",

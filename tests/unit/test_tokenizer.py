@@ -42,7 +42,7 @@ def test_chat_template_matches_transformers(ours: Tokenizer, theirs, messages, a
 
 
 def test_default_system_prompt_only_without_a_system_message(ours: Tokenizer) -> None:
-    assert "You are a helpful AI assistant named SmolLM" in ours.render_chat(CONVERSATIONS[0])
+    assert "named SmolLM, trained by Hugging Face" in ours.render_chat(CONVERSATIONS[0])
     assert "SmolLM" not in ours.render_chat(CONVERSATIONS[1])
 
 

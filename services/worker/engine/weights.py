@@ -41,19 +41,31 @@ def load_model(
     SmolLM2's tokenizer), or the path of a Hugging Face folder. The model comes back in eval mode."""
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
-    if spec in SHAPES:
-        model = _materialise(SHAPES[spec], device, dtype)
+    config, tokenizer_folder, weights_folder = resolve(spec)
+    model = _materialise(config, device, dtype)
+    if weights_folder is None:
         _init_random_(model, seed)
-        return model.eval(), Tokenizer.from_folder(smollm2_folder())
+    else:
+        load_safetensors_(model, weights_folder)
+    return model.eval(), Tokenizer.from_folder(tokenizer_folder)
+
+
+def resolve(spec: str) -> tuple[ModelConfig, Path, Path | None]:
+    """(config, tokenizer folder, weights folder or None for random weights) of a model spec."""
+    if spec in SHAPES:
+        return SHAPES[spec], smollm2_folder(), None
     folder = smollm2_folder() if spec == "smollm2" else Path(spec)
     if not (folder / "config.json").is_file():
         raise ValueError(
             f"model {spec!r} is neither 'smollm2', a shape {sorted(SHAPES)}, nor a folder with config.json"
         )
-    config = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))
-    model = _materialise(config, device, dtype)
-    load_safetensors_(model, folder)
-    return model.eval(), Tokenizer.from_folder(folder)
+    return ModelConfig.from_hf(json.loads((folder / "config.json").read_text())), folder, folder
+
+
+def load_tokenizer_and_config(spec: str) -> tuple[Tokenizer, ModelConfig]:
+    """What the edge needs to count prompts against the context, without loading weights."""
+    config, tokenizer_folder, _ = resolve(spec)
+    return Tokenizer.from_folder(tokenizer_folder), config
 
 
 def _materialise(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> LlamaModel:
