@@ -90,7 +90,7 @@ def _up(args: argparse.Namespace) -> int:
     try:
         fleet.start(ready_timeout_s=600)
         print(f"\nDrivetrain is up: {spec.chat_url()} (API key dev-key)")
-        print(f'Try: drivetrain chat "What is the capital of France?"   Ctrl-C stops.\n', flush=True)
+        print('Try: drivetrain chat "What is the capital of France?"   Ctrl-C stops.\n', flush=True)
         while True:
             time.sleep(1)
             fleet.check_alive()

@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections import defaultdict
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka import AIOKafkaProducer, ConsumerRecord
 from redis.exceptions import RedisError
 
 from services.router.config import RouterConfig

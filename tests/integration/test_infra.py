@@ -1,7 +1,7 @@
 """The local infrastructure: `ensure_up` brings a real Kafka broker and Redis Cluster up.
 
-Needs java (and mvn on the first run) and redis-server; skipped, saying which is
-missing, where they are not installed.
+Needs java (and mvn on the first run) and redis-server; `make test` installs them,
+and their absence fails these tests with a message naming what is missing.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from shared.infra import (
     InfraConfig,
-    MissingPrerequisite,
     ensure_up,
     kafka_bootstrap,
     redis_startup_nodes,
@@ -29,16 +28,6 @@ from shared.infra.config import load_config
 from shared.infra.redis_cluster import status as redis_status
 from shared.infra.topics import describe_partitions, ensure_topics, plan_topics
 from shared.topics import TopicLayout
-
-
-@pytest.fixture(scope="module")
-def infra() -> InfraConfig:
-    cfg = load_config()
-    try:
-        ensure_up(cfg)
-    except MissingPrerequisite as exc:
-        pytest.skip(f"local infrastructure cannot start: {exc}")
-    return cfg
 
 
 @pytest.fixture

@@ -1,0 +1,258 @@
+"""Runs one scheduled step: a SchedulerOutput becomes flat tensors, the model runs over the paged
+KV cache (decode steps through CUDA graphs on a GPU), and each chunk that ends a request's known
+tokens gets its next token sampled."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from services.worker.engine.attention import AttentionMetadata
+from services.worker.engine.block_pool import NULL_BLOCK_ID
+from services.worker.engine.cuda_graphs import CudaGraphRunner
+from services.worker.engine.kv_cache_manager import cdiv
+from services.worker.engine.model import LlamaModel, allocate_kv_cache, kv_bytes_per_block
+from services.worker.engine.sampler import Sampler, make_generator
+from services.worker.engine.sampling_params import SamplingParams
+from services.worker.engine.scheduler import SchedulerOutput
+
+log = logging.getLogger(__name__)
+
+CPU_FULL_CONTEXTS = 4  # a CPU pool holds this many max-length requests by default...
+CPU_KV_BYTES = 1 << 30  # ...but never more than this much memory
+GPU_RESERVE_BYTES = 512 << 20  # left free for CUDA graphs, the allocator's slack and cuBLAS workspaces
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    block_size: int = 16
+    max_model_len: int = 8192
+    max_num_seqs: int = 256
+    max_batch_tokens: int = 512
+    num_kv_blocks: int = 0  # 0: size the pool from memory
+    kv_memory_fraction: float = 0.9  # GPU: share of device memory for weights, activations and KV
+    cuda_graphs: bool = True
+
+
+@dataclass
+class StepInputs:
+    """One step as tensors, plus which rows are sampled for which request."""
+
+    input_ids: torch.Tensor  # (T,)
+    positions: torch.Tensor  # (T,)
+    meta: AttentionMetadata
+    sample_rows: torch.Tensor  # (S,) rows of the T tokens whose logits are sampled
+    sample_ids: list[str]  # (S,) the request of each sampled row
+    sampling: list[SamplingParams]  # (S,)
+    sample_positions: list[int]  # (S,) position the sampled token will take (seeds its draw)
+
+    @property
+    def num_seqs(self) -> int:
+        return self.meta.context_lens.shape[0]
+
+
+def prepare_inputs(out: SchedulerOutput, block_size: int, pad_to: int = 0) -> StepInputs:
+    """Host tensors for a non-empty step. pad_to > number of chunks appends one-token padding
+    sequences (slot -1: nothing written; context 1 of the null block) for a captured graph."""
+    chunks = out.chunks
+    lens = np.array([c.num_tokens for c in chunks] + [1] * max(0, pad_to - len(chunks)), dtype=np.int64)
+    num_seqs, num_real = len(lens), len(chunks)
+    cu_seqlens = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(lens, out=cu_seqlens[1:])
+    starts = np.array([c.start_position for c in chunks] + [0] * (num_seqs - num_real), dtype=np.int64)
+    width = max(len(c.block_ids) for c in chunks)
+    block_tables = np.full((num_seqs, width), NULL_BLOCK_ID, dtype=np.int64)  # (N, W)
+    for i, chunk in enumerate(chunks):
+        block_tables[i, : len(chunk.block_ids)] = chunk.block_ids
+
+    seq_of_row = np.repeat(np.arange(num_seqs), lens)  # (T,)
+    positions = starts[seq_of_row] + np.arange(cu_seqlens[-1]) - cu_seqlens[seq_of_row]  # (T,)
+    slots = block_tables[seq_of_row, positions // block_size] * block_size + positions % block_size
+    slots[cu_seqlens[num_real] :] = -1  # padding rows write nothing
+    input_ids = np.zeros(cu_seqlens[-1], dtype=np.int64)
+    input_ids[: cu_seqlens[num_real]] = [t for c in chunks for t in c.token_ids]
+    context_lens = starts + lens  # (N,) this step's tokens included
+
+    sampled = [i for i, c in enumerate(chunks) if c.sample]
+    meta = AttentionMetadata(
+        slot_mapping=torch.from_numpy(slots),
+        block_tables=torch.from_numpy(block_tables.astype(np.int32)),
+        cu_seqlens_q=torch.from_numpy(cu_seqlens.astype(np.int32)),
+        context_lens=torch.from_numpy(context_lens.astype(np.int32)),
+        max_query_len=int(lens.max()),
+    )
+    return StepInputs(
+        input_ids=torch.from_numpy(input_ids),
+        positions=torch.from_numpy(positions),
+        meta=meta,
+        sample_rows=torch.from_numpy(cu_seqlens[1:][sampled] - 1),
+        sample_ids=[chunks[i].request_id for i in sampled],
+        sampling=[chunks[i].sampling for i in sampled],
+        sample_positions=[int(context_lens[i]) for i in sampled],
+    )
+
+
+def mix_seed(seed: int, position: int) -> int:
+    """A well-spread 63-bit seed for (request seed, token position) (splitmix64's finaliser).
+
+    Each draw is seeded by where its token lands, not by how many draws came before, so a
+    seeded request repeats exactly whatever shares its batch, and after a preemption too.
+    """
+    z = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, config: RunnerConfig) -> None:
+        self.model = model
+        self.config = config
+        first = next(model.parameters())
+        self.device, self.dtype = first.device, first.dtype
+        self.block_size = config.block_size
+        self.sampler = Sampler()
+        self._generators: dict[str, torch.Generator] = {}  # seeded requests only
+        self.num_blocks = config.num_kv_blocks or self._size_kv_pool()
+        self.kv_caches = allocate_kv_cache(model.config, self.num_blocks, self.block_size, self.device, self.dtype)
+        self.graphs: CudaGraphRunner | None = None
+        if config.cuda_graphs and self.device.type == "cuda":
+            max_blocks = cdiv(config.max_model_len, self.block_size)
+            self.graphs = CudaGraphRunner(model, self.kv_caches, config.max_num_seqs, max_blocks)
+            self.graphs.capture()
+        log.info("KV cache: %d blocks of %d tokens on %s", self.num_blocks, self.block_size, self.device)
+
+    @torch.no_grad()
+    def run(self, out: SchedulerOutput) -> dict[str, int]:
+        """The sampled token of every chunk with sample=True, by request id."""
+        self.drop_requests(out.finished_ids + out.preempted_ids)
+        if out.is_empty:
+            return {}
+        inputs = prepare_inputs(out, self.block_size, self._graph_size(out))
+        hidden = self._forward(self._to_device(inputs))  # (T or padded B, C)
+        if not inputs.sample_ids:
+            return {}
+        logits = self.model.compute_logits(hidden[inputs.sample_rows.to(self.device)])  # (S, V)
+        tokens = self.sampler(logits, inputs.sampling, self._generators_for(inputs))  # (S,)
+        return dict(zip(inputs.sample_ids, tokens.tolist(), strict=True))
+
+    def drop_requests(self, request_ids: list[str]) -> None:
+        """Forget per-request state (seeded generators) of finished or preempted requests."""
+        for request_id in request_ids:
+            self._generators.pop(request_id, None)
+
+    def _graph_size(self, out: SchedulerOutput) -> int:
+        """The captured batch size this step replays, or 0 to run eagerly."""
+        if self.graphs is None or any(c.num_tokens != 1 for c in out.chunks):
+            return 0
+        return self.graphs.padded_size(len(out.chunks)) or 0
+
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:  # (T, C)
+        meta = inputs.meta
+        if self.graphs is not None and meta.decode_only and inputs.num_seqs in self.graphs.graphs:
+            return self.graphs.replay(
+                inputs.input_ids, inputs.positions, meta.slot_mapping, meta.block_tables, meta.context_lens
+            )
+        return self.model(inputs.input_ids, inputs.positions, meta, self.kv_caches)
+
+    def _to_device(self, inputs: StepInputs) -> StepInputs:
+        if self.device.type == "cpu":
+            return inputs
+        # Pinned host memory lets the copies overlap; they are queued before the model's kernels.
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.pin_memory().to(self.device, non_blocking=True)
+
+        meta = inputs.meta
+        meta = AttentionMetadata(
+            move(meta.slot_mapping), move(meta.block_tables), move(meta.cu_seqlens_q),
+            move(meta.context_lens), meta.max_query_len,
+        )
+        return StepInputs(
+            move(inputs.input_ids), move(inputs.positions), meta, inputs.sample_rows,
+            inputs.sample_ids, inputs.sampling, inputs.sample_positions,
+        )
+
+    def _generators_for(self, inputs: StepInputs) -> list[torch.Generator | None] | None:
+        if all(p.seed is None or p.greedy for p in inputs.sampling):
+            return None
+        generators: list[torch.Generator | None] = []
+        for request_id, params, position in zip(inputs.sample_ids, inputs.sampling, inputs.sample_positions):
+            if params.seed is None or params.greedy:
+                generators.append(None)
+                continue
+            generator = self._generators.get(request_id)
+            if generator is None:
+                generator = self._generators[request_id] = make_generator(0, self.device)
+            generator.manual_seed(mix_seed(params.seed, position))
+            generators.append(generator)
+        return generators
+
+    # --- sizing the KV pool ---------------------------------------------------------------------
+
+    def _size_kv_pool(self) -> int:
+        per_block = kv_bytes_per_block(self.model.config, self.block_size, self.dtype)
+        if self.device.type == "cuda":
+            budget = self._gpu_kv_budget()
+        else:
+            wanted = CPU_FULL_CONTEXTS * cdiv(self.config.max_model_len, self.block_size) * per_block
+            budget = min(wanted, CPU_KV_BYTES, _available_host_bytes() // 4)
+        num_blocks = int(budget // per_block) + 1  # + the null block
+        min_blocks = cdiv(self.config.max_model_len, self.block_size) + 1
+        if num_blocks < min_blocks:
+            log.warning(
+                "KV pool of %d blocks cannot hold one %d-token request; raise the memory or lower max_model_len",
+                num_blocks, self.config.max_model_len,
+            )
+        return max(2, num_blocks)
+
+    def _gpu_kv_budget(self) -> int:
+        """Bytes the KV pool may take: the fraction of device memory, less what is in use (weights,
+        CUDA context, other processes) and the activation peak of the largest step."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        self._profile_run()
+        torch.cuda.synchronize(self.device)
+        activation_peak = torch.cuda.max_memory_allocated(self.device) - before
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = int(total * self.config.kv_memory_fraction) - (total - free) - activation_peak - GPU_RESERVE_BYTES
+        log.info(
+            "GPU memory: %.1f GiB total, %.1f GiB in use, activation peak %.2f GiB, KV budget %.1f GiB",
+            total / 2**30, (total - free) / 2**30, activation_peak / 2**30, budget / 2**30,
+        )
+        return max(0, budget)
+
+    @torch.no_grad()
+    def _profile_run(self) -> None:
+        """The largest step the scheduler can send: a full token budget in one sequence, then
+        logits and top-p sampling for max_num_seqs rows."""
+        num_tokens = min(self.config.max_batch_tokens, self.config.max_model_len)
+        num_blocks = cdiv(num_tokens, self.block_size) + 1
+        caches = allocate_kv_cache(self.model.config, num_blocks, self.block_size, self.device, self.dtype)
+        meta = AttentionMetadata(
+            slot_mapping=torch.arange(num_tokens, device=self.device) + self.block_size,
+            block_tables=torch.arange(1, num_blocks, dtype=torch.int32, device=self.device)[None, :],
+            cu_seqlens_q=torch.tensor([0, num_tokens], dtype=torch.int32, device=self.device),
+            context_lens=torch.tensor([num_tokens], dtype=torch.int32, device=self.device),
+            max_query_len=num_tokens,
+        )
+        ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
+        hidden = self.model(ids, torch.arange(num_tokens, device=self.device), meta, caches)  # (T, C)
+        rows = min(num_tokens, self.config.max_num_seqs)
+        logits = self.model.compute_logits(hidden[:rows])  # (S, V)
+        self.sampler(logits, [SamplingParams(temperature=1.0, top_p=0.9)] * rows)
+        del caches, hidden, logits
+
+
+def _available_host_bytes() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return CPU_KV_BYTES * 4
