@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--api-key", default="dev-key")
     chat.add_argument("--max-tokens", type=int, default=256)
     chat.add_argument("--temperature", type=float, default=0.0)
+
+    from services.worker import generate
+
+    generate.add_arguments(sub.add_parser("generate", help="run prompts through the engine in this process"))
     return parser
 
 
@@ -69,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         from shared.chat_client import stream_chat
 
         return stream_chat(args.url, args.api_key, args.text, args.max_tokens, args.temperature)
+    if args.command == "generate":
+        from services.worker import generate
+
+        return generate.run(args)
     return 2
 
 

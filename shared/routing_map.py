@@ -1,11 +1,15 @@
-"""The routing map: request id -> (edge, connection), in the Redis Cluster.
+"""The routing map: request id -> (edge, connection), in the Redis Cluster, plus who started it.
 
 Each request's key carries its id as a hash tag, so everything about one request
-lives in one slot while requests spread over all masters.
+lives in one slot while requests spread over all masters. A route has an epoch that
+grows each time the stream is resumed on another connection; readers that hold an
+older epoch in their cache fetch the route again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass
 
 from cachetools import LRUCache
@@ -18,18 +22,19 @@ ROUTE_TTL_S = 3600
 class Route:
     edge_id: str
     conn_id: str
+    epoch: int = 0
 
 
 def route_key(request_id: str) -> str:
     return f"route:{{{request_id}}}"
 
 
-class RoutingMap:
-    """Writes go straight to Redis; reads go through a local cache first.
+def token_digest(resume_token: str) -> str:
+    return hashlib.sha256(resume_token.encode()).hexdigest()
 
-    A route only changes when a stream is resumed on another connection, which
-    invalidates the cached entry explicitly.
-    """
+
+class RoutingMap:
+    """Writes go straight to Redis; reads go through a local cache first."""
 
     def __init__(self, redis: RedisCluster, cache_size: int = 100_000) -> None:
         self._redis = redis
@@ -37,27 +42,57 @@ class RoutingMap:
         self.num_cache_hits = 0
         self.num_cache_misses = 0
 
-    async def put(self, request_id: str, route: Route, tenant: str) -> None:
+    async def put(self, request_id: str, route: Route, tenant: str, resume_token: str) -> None:
         key = route_key(request_id)
+        fields = {
+            "edge": route.edge_id,
+            "conn": route.conn_id,
+            "epoch": route.epoch,
+            "tenant": tenant,
+            "resume": token_digest(resume_token),
+        }
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hset(key, mapping={"edge": route.edge_id, "conn": route.conn_id, "tenant": tenant})
+            pipe.hset(key, mapping=fields)
             pipe.expire(key, ROUTE_TTL_S)
             await pipe.execute()
+
+    async def check_resume(self, request_id: str, tenant: str, resume_token: str) -> bool:
+        """True only for the tenant holding the request's own token (compared in constant time)."""
+        stored_tenant, digest = await self._redis.hmget(route_key(request_id), ["tenant", "resume"])
+        if digest is None:
+            return False
+        return hmac.compare_digest(digest, token_digest(resume_token)) and stored_tenant == tenant
+
+    async def move(self, request_id: str, edge_id: str, conn_id: str) -> int:
+        """Point the route at a new connection; returns its new epoch."""
+        key = route_key(request_id)
+        epoch = await self._redis.hincrby(key, "epoch", 1)
+        await self._redis.hset(key, mapping={"edge": edge_id, "conn": conn_id})
+        self._cache.pop(request_id, None)
+        return epoch
+
+    async def claim(self, owners: dict[str, str]) -> None:
+        """Record which worker started each request (request id -> worker id)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for request_id, worker_id in owners.items():
+                pipe.hset(route_key(request_id), "worker", worker_id)
+            await pipe.execute()
+
+    async def owner(self, request_id: str) -> str | None:
+        return await self._redis.hget(route_key(request_id), "worker")
 
     async def delete(self, request_id: str) -> None:
         self._cache.pop(request_id, None)
         await self._redis.delete(route_key(request_id))
 
-    def forget(self, request_id: str) -> None:
-        self._cache.pop(request_id, None)
-
-    async def get_many(self, request_ids: list[str]) -> dict[str, Route]:
+    async def get_many(self, request_ids: list[str], min_epochs: dict[str, int] | None = None) -> dict[str, Route]:
         """Routes of the given requests; unknown ones are absent from the result."""
+        min_epochs = min_epochs or {}
         found: dict[str, Route] = {}
         missing: list[str] = []
         for request_id in dict.fromkeys(request_ids):
             route = self._cache.get(request_id)
-            if route is None:
+            if route is None or route.epoch < min_epochs.get(request_id, 0):
                 missing.append(request_id)
             else:
                 found[request_id] = route
@@ -66,9 +101,9 @@ class RoutingMap:
         if missing:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for request_id in missing:
-                    pipe.hmget(route_key(request_id), ["edge", "conn"])
+                    pipe.hmget(route_key(request_id), ["edge", "conn", "epoch"])
                 rows = await pipe.execute()
-            for request_id, (edge_id, conn_id) in zip(missing, rows):
+            for request_id, (edge_id, conn_id, epoch) in zip(missing, rows):
                 if edge_id and conn_id:
-                    found[request_id] = self._cache[request_id] = Route(edge_id, conn_id)
+                    found[request_id] = self._cache[request_id] = Route(edge_id, conn_id, int(epoch or 0))
         return found

@@ -37,17 +37,45 @@ class ChatRequest(msgspec.Struct, frozen=True, tag="chat"):
 
 
 class Cancel(msgspec.Struct, frozen=True, tag="cancel"):
-    """Edge -> all workers, on the control topic: stop these requests and free their memory."""
+    """Edge -> all workers, on the control topic: stop these requests and free their memory.
+
+    `epoch` is the route epoch the edge knew: a stream resumed since (a higher epoch)
+    belongs to another connection now and is not cancelled.
+    """
 
     request_ids: list[str]
+    epoch: int = 0
     v: int = WIRE_VERSION
 
 
-Control = Cancel
+class Resume(msgspec.Struct, frozen=True, tag="resume"):
+    """Edge -> all workers: the request's stream now goes to this connection, from `from_seq` on."""
+
+    request_id: str
+    epoch: int
+    edge_id: str
+    conn_id: str
+    from_seq: int
+    v: int = WIRE_VERSION
+
+
+Control = Cancel | Resume
 
 
 # Token-path events. Every event of a request carries a seq: tokens 0..n-1, then one
 # terminal event (done or error) at seq n, so an edge can order and de-duplicate all of them.
+# Events outside that order (a start, an error raised by someone other than the running
+# worker) carry OUT_OF_BAND: they take effect on arrival.
+OUT_OF_BAND = -1
+
+
+class Started(msgspec.Struct, frozen=True, tag="started", array_like=True):
+    """A worker began computing the request: from here on, only this worker may run it."""
+
+    request_id: str
+    seq: int
+    worker_id: str
+
 class Token(msgspec.Struct, frozen=True, tag="token", array_like=True):
     request_id: str
     seq: int
@@ -75,7 +103,7 @@ class Error(msgspec.Struct, frozen=True, tag="error", array_like=True):
     retryable: bool
 
 
-Event = Token | Done | Error
+Event = Started | Token | Done | Error
 
 
 class TokenBatch(msgspec.Struct, frozen=True, tag="tokens"):
@@ -85,6 +113,7 @@ class TokenBatch(msgspec.Struct, frozen=True, tag="tokens"):
     worker_id: str
     events: list[Event]
     sent_at: float = 0.0
+    epochs: dict[str, int] = {}  # route epoch of resumed requests; absent means 0
     v: int = WIRE_VERSION
 
 

@@ -20,3 +20,6 @@ class EdgeConfig(CommonConfig):
     max_frame_bytes: int = doc("largest client frame; a bigger one closes the socket with 1009", 1024 * 1024)
     model: str = doc("the model the workers serve; sets how prompts are counted against its context", "echo")
     max_chats_per_connection: int = doc("chats one socket may have in flight at once", 64)
+    progress_timeout_s: float = doc("a started chat silent this long fails with worker_lost", 30.0)
+    start_timeout_s: float = doc("a chat no worker starts within this fails with no_worker", 120.0)
+    resume_grace_s: float = doc("how long a dropped socket's streams wait to be resumed before cancelling", 10.0)

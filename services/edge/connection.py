@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,9 @@ class Chat:
     chat_id: str
     request_id: str
     order: StreamOrder = field(default_factory=StreamOrder)
+    owner: str | None = None  # the worker that started it, once it says so
+    epoch: int = 0  # the route epoch: grows each time the stream is resumed
+    last_event_at: float = field(default_factory=time.monotonic)
 
 
 class Connection:
@@ -54,10 +58,14 @@ class Connection:
     def request_ids(self) -> list[str]:
         return list(self._by_request)
 
-    def open_chat(self, chat_id: str, request_id: str) -> None:
-        chat = Chat(chat_id, request_id)
+    def open_chat(self, chat_id: str, request_id: str, next_seq: int = 0, epoch: int = 0) -> None:
+        chat = Chat(chat_id, request_id, epoch=epoch)
+        chat.order.next_seq = next_seq
         self._by_chat[chat_id] = chat
         self._by_request[request_id] = chat
+
+    def chats(self) -> list[Chat]:
+        return list(self._by_request.values())
 
     def close_chat(self, request_id: str) -> None:
         chat = self._by_request.pop(request_id, None)
@@ -72,6 +80,10 @@ class Connection:
         """Queue a token-path event in seq order; True when it ended its chat."""
         chat = self._by_request.get(event.request_id)
         if chat is None:
+            return False
+        chat.last_event_at = time.monotonic()
+        if isinstance(event, wire.Started):
+            chat.owner = event.worker_id
             return False
         ended = False
         for ready in chat.order.push(event):

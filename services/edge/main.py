@@ -49,6 +49,7 @@ async def serve_edge(config: EdgeConfig) -> None:
         )
     )
     serving = asyncio.create_task(server.serve())
+    watchdog = asyncio.create_task(service.run_watchdog())
     log.info(
         "edge %s ready: ws://%s:%d/v1/chat, routers at %s:%d",
         config.edge_id, config.host, config.port, config.internal_host, config.internal_port,
@@ -56,6 +57,7 @@ async def serve_edge(config: EdgeConfig) -> None:
     try:
         await asyncio.shield(serving)
     finally:
+        watchdog.cancel()
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await serving

@@ -1,7 +1,7 @@
 """The client chat protocol v1: parse client frames and build edge frames, with no I/O.
 
-Client -> edge: `chat` and `cancel` JSON text frames. Edge -> client: `accepted`,
-`token`, `done`, `error`. Parsing returns a typed frame or raises `ProtocolError`
+Client -> edge: `chat`, `cancel` and `resume` JSON text frames. Edge -> client:
+`accepted` (with a resume token), `resumed`, `token`, `done`, `error`. Parsing returns a typed frame or raises `ProtocolError`
 carrying the code and the chat id (when one could be read) for the error frame.
 """
 
@@ -40,8 +40,18 @@ class CancelFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     id: ChatId
 
 
-ClientFrame = ChatFrame | CancelFrame
-FRAME_TYPES: dict[str, type] = {"chat": ChatFrame, "cancel": CancelFrame}
+class ResumeFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Continue a stream whose socket dropped, on any edge, within the grace period."""
+
+    type: Literal["resume"]
+    id: ChatId
+    request_id: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    resume_token: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    last_seq: Annotated[int, msgspec.Meta(ge=-1)] = -1  # -1: nothing received yet
+
+
+ClientFrame = ChatFrame | CancelFrame | ResumeFrame
+FRAME_TYPES: dict[str, type] = {"chat": ChatFrame, "cancel": CancelFrame, "resume": ResumeFrame}
 
 
 class ProtocolError(Exception):
@@ -73,8 +83,12 @@ def parse_client_frame(text: str | bytes) -> ClientFrame:
         raise ProtocolError("invalid_message", str(exc), chat_id) from exc
 
 
-def accepted_frame(chat_id: str, request_id: str) -> dict[str, Any]:
-    return {"type": "accepted", "id": chat_id, "request_id": request_id}
+def accepted_frame(chat_id: str, request_id: str, resume_token: str) -> dict[str, Any]:
+    return {"type": "accepted", "id": chat_id, "request_id": request_id, "resume_token": resume_token}
+
+
+def resumed_frame(chat_id: str, request_id: str, next_seq: int) -> dict[str, Any]:
+    return {"type": "resumed", "id": chat_id, "request_id": request_id, "next_seq": next_seq}
 
 
 def error_frame(chat_id: str | None, code: str, message: str, retryable: bool = False) -> dict[str, Any]:

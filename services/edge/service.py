@@ -2,7 +2,9 @@
 
 A chat is checked here (frame, prompt length) before anything is written anywhere;
 then its route goes to the Redis Cluster, `accepted` to the client, and the request
-to Kafka. Tokens come back from routers over the internal link as `ForwardBatch`es.
+to Kafka. Tokens come back from routers over the internal link. When a socket drops,
+its streams wait a grace period for the client to resume them (on any edge) before
+the workers are told to cancel them.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 import uuid
-from collections.abc import Coroutine
+from collections import defaultdict
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -20,15 +24,18 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from services.edge.config import EdgeConfig
-from services.edge.connection import Connection
+from services.edge.connection import Chat, Connection
+from services.edge.deadlines import Deadlines, overdue
 from services.edge.prompt_limit import PromptLimit
 from services.edge.protocol import (
     CancelFrame,
     ChatFrame,
     ProtocolError,
+    ResumeFrame,
     accepted_frame,
     error_frame,
     parse_client_frame,
+    resumed_frame,
 )
 from shared import wire
 from shared.framing import read_frame
@@ -36,33 +43,34 @@ from shared.routing_map import Route, RoutingMap
 
 log = logging.getLogger(__name__)
 
+REFUSED_RESUME = "no resumable stream matches this request id and token"
+
 
 class EdgeService:
-    def __init__(
-        self,
-        config: EdgeConfig,
-        producer: AIOKafkaProducer,
-        redis: RedisCluster,
-        prompt_limit: PromptLimit,
-    ) -> None:
+    def __init__(self, config: EdgeConfig, producer: AIOKafkaProducer, redis: RedisCluster, prompt_limit: PromptLimit) -> None:
         self.config = config
         self.topics = config.topics
         self._producer = producer
         self._routes = RoutingMap(redis)
         self._prompt_limit = prompt_limit
+        self._deadlines = Deadlines(config.progress_timeout_s, config.start_timeout_s)
         self._connections: dict[str, Connection] = {}
+        self._detached: dict[str, tuple[float, int]] = {}  # request id -> (cancel at, epoch)
         self._background: set[asyncio.Task] = set()
 
     # Client side ---------------------------------------------------------------------
     def open_connection(self, conn: Connection) -> None:
         self._connections[conn.conn_id] = conn
 
-    async def close_connection(self, conn: Connection) -> None:
-        """The socket is gone: its unfinished requests are cancelled on the workers."""
+    async def close_connection(self, conn: Connection, grace: bool = True) -> None:
+        """The client is gone; its unfinished streams are cancelled, after a grace period to resume."""
         self._connections.pop(conn.conn_id, None)
-        request_ids = conn.request_ids()
-        if request_ids:
-            await self._cancel(request_ids)
+        if not grace:
+            await self._cancel_by_epoch({chat.request_id: chat.epoch for chat in conn.chats()})
+            return
+        cancel_at = time.monotonic() + self.config.resume_grace_s
+        for chat in conn.chats():
+            self._detached[chat.request_id] = (cancel_at, chat.epoch)
 
     async def handle_frame(self, conn: Connection, text: str | bytes) -> None:
         try:
@@ -71,20 +79,25 @@ class EdgeService:
                 await self.start_chat(conn, frame)
             elif isinstance(frame, CancelFrame):
                 await self.cancel_chat(conn, frame.id)
+            elif isinstance(frame, ResumeFrame):
+                await self.resume_chat(conn, frame)
         except ProtocolError as exc:
             conn.send(error_frame(exc.chat_id, exc.code, exc.message, exc.retryable))
 
-    async def start_chat(self, conn: Connection, frame: ChatFrame) -> None:
-        """Admit a chat for any kind of connection; raises ProtocolError when refused."""
-        if conn.has_chat(frame.id):
-            raise ProtocolError("duplicate_id", f"chat id {frame.id!r} is already in flight on this socket", frame.id)
+    def _check_new_chat(self, conn: Connection, chat_id: str) -> None:
+        if conn.has_chat(chat_id):
+            raise ProtocolError("duplicate_id", f"chat id {chat_id!r} is already in flight on this socket", chat_id)
         if conn.num_chats() >= self.config.max_chats_per_connection:
             limit = self.config.max_chats_per_connection
-            raise ProtocolError("too_many_chats", f"at most {limit} chats in flight per socket", frame.id, True)
+            raise ProtocolError("too_many_chats", f"at most {limit} chats in flight per socket", chat_id, True)
+
+    async def start_chat(self, conn: Connection, frame: ChatFrame) -> None:
+        """Admit a chat for any kind of connection; raises ProtocolError when refused."""
+        self._check_new_chat(conn, frame.id)
         messages = [{"role": m.role, "content": m.content} for m in frame.messages]
         if (reason := self._prompt_limit.excess(messages)) is not None:
             raise ProtocolError("prompt_too_long", reason, frame.id)
-        request_id = uuid.uuid4().hex
+        request_id, resume_token = uuid.uuid4().hex, secrets.token_urlsafe(24)
         request = wire.ChatRequest(
             request_id=request_id,
             edge_id=self.config.edge_id,
@@ -99,9 +112,9 @@ class EdgeService:
         )
         conn.open_chat(frame.id, request_id)
         try:
-            await self._routes.put(request_id, Route(self.config.edge_id, conn.conn_id), conn.tenant)
+            await self._routes.put(request_id, Route(self.config.edge_id, conn.conn_id), conn.tenant, resume_token)
             # Accepted goes out before the request can reach a worker, so it precedes every token.
-            conn.send(accepted_frame(frame.id, request_id))
+            conn.send(accepted_frame(frame.id, request_id, resume_token))
             await self._producer.send_and_wait(self.topics.requests, wire.encode(request), key=request_id.encode())
         except Exception as exc:  # noqa: BLE001 - any infrastructure failure becomes a retryable error
             log.warning("could not admit chat %s: %r", request_id, exc)
@@ -113,10 +126,62 @@ class EdgeService:
         if request_id is None:
             raise ProtocolError("unknown_id", f"no chat {chat_id!r} in flight on this socket", chat_id)
         # The worker answers with `done` (finish_reason "cancelled") on the token path.
-        await self._cancel([request_id])
+        await self._cancel_by_epoch({request_id: 0})
 
-    async def _cancel(self, request_ids: list[str]) -> None:
-        await self._producer.send_and_wait(self.topics.control, wire.encode(wire.Cancel(request_ids)))
+    async def resume_chat(self, conn: Connection, frame: ResumeFrame) -> None:
+        """Move a stream to this connection; every refusal reads the same, revealing nothing."""
+        self._check_new_chat(conn, frame.id)
+        try:
+            if not await self._routes.check_resume(frame.request_id, conn.tenant, frame.resume_token):
+                raise ProtocolError("resume_refused", REFUSED_RESUME, frame.id)
+            epoch = await self._routes.move(frame.request_id, self.config.edge_id, conn.conn_id)
+        except (RedisError, OSError) as exc:
+            raise ProtocolError("unavailable", "cannot resume now; retry", frame.id, True) from exc
+        self._detached.pop(frame.request_id, None)
+        next_seq = frame.last_seq + 1
+        conn.open_chat(frame.id, frame.request_id, next_seq=next_seq, epoch=epoch)
+        conn.send(resumed_frame(frame.id, frame.request_id, next_seq))
+        move = wire.Resume(frame.request_id, epoch, self.config.edge_id, conn.conn_id, next_seq)
+        await self._producer.send_and_wait(self.topics.control, wire.encode(move))
+
+    async def _cancel_by_epoch(self, epochs: dict[str, int]) -> None:
+        by_epoch: dict[int, list[str]] = defaultdict(list)
+        for request_id, epoch in epochs.items():
+            by_epoch[epoch].append(request_id)
+        for epoch, request_ids in by_epoch.items():
+            await self._producer.send_and_wait(self.topics.control, wire.encode(wire.Cancel(request_ids, epoch)))
+
+    # Liveness ----------------------------------------------------------------------------
+    def fail_worker(self, worker_id: str) -> int:
+        """A worker was declared dead: every stream it had started ends now, retryable."""
+        message = f"worker {worker_id} was lost mid-stream; retry the request"
+        return self._fail_where(lambda chat: chat.owner == worker_id, "worker_lost", message)
+
+    def _fail_where(self, match: Callable[[Chat], bool], code: str, message: str) -> int:
+        failed = 0
+        for conn in list(self._connections.values()):
+            for chat in conn.chats():
+                if match(chat):
+                    self._deliver(conn, wire.Error(chat.request_id, wire.OUT_OF_BAND, code, message, True))
+                    failed += 1
+        return failed
+
+    async def run_watchdog(self, period_s: float = 0.5) -> None:
+        """Ends chats that stopped making progress, and cancels detached streams nobody resumed."""
+        while True:
+            await asyncio.sleep(period_s)
+            now = time.monotonic()
+            for conn in list(self._connections.values()):
+                for chat in conn.chats():
+                    if (late := overdue(chat, now, self._deadlines)) is not None:
+                        code, message = late
+                        self._deliver(conn, wire.Error(chat.request_id, wire.OUT_OF_BAND, code, message, True))
+            expired = {rid: epoch for rid, (at, epoch) in self._detached.items() if at <= now}
+            for request_id in expired:
+                del self._detached[request_id]
+            if expired:
+                with contextlib.suppress(Exception):
+                    await self._cancel_by_epoch(expired)
 
     # Router side ---------------------------------------------------------------------
     async def serve_router(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -140,8 +205,12 @@ class EdgeService:
     def deliver(self, deliveries: list[wire.Delivery]) -> None:
         for delivery in deliveries:
             conn = self._connections.get(delivery.conn_id)
-            if conn is not None and conn.deliver(delivery.event):
-                self._spawn(self._forget_route(delivery.event.request_id))
+            if conn is not None:
+                self._deliver(conn, delivery.event)
+
+    def _deliver(self, conn: Connection, event: wire.Event) -> None:
+        if conn.deliver(event):
+            self._spawn(self._forget_route(event.request_id))
 
     async def _forget_route(self, request_id: str) -> None:
         try:

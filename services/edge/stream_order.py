@@ -2,7 +2,8 @@
 
 Routers deliver at least once and may hand a partition over mid-stream, so an event
 can arrive twice or early. Events below the next expected seq are duplicates and
-dropped; events above it wait until the gap closes.
+dropped; events above it wait until the gap closes. An out-of-band error ends the stream on
+arrival, whatever is still missing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ class StreamOrder:
 
     def push(self, event: wire.Event) -> list[wire.Event]:
         """The events now ready to send, in order (empty when `event` is early or a duplicate)."""
+        if event.seq == wire.OUT_OF_BAND and not self.finished:
+            self.finished = True
+            self._early.clear()
+            return [event]
         if self.finished or event.seq < self.next_seq or event.seq in self._early:
             self.num_duplicates += 1
             return []

@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 from redis.exceptions import RedisError
@@ -21,9 +23,10 @@ from services.router.edge_links import EdgeLink, EdgeUnreachable
 from shared import wire
 from shared.kafka_clients import make_consumer, make_producer, send_dead_letter
 from shared.redis_client import make_cluster
-from shared.routing_map import RoutingMap
+from shared.routing_map import Route, RoutingMap
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 POLL_TIMEOUT_MS = 100
 ROUTE_RETRY_S = 0.5  # while the Redis Cluster fails over, lookups fail; wait and retry
@@ -69,12 +72,17 @@ class RouterService:
 
     async def _route(self, records: list[ConsumerRecord]) -> None:
         events: list[wire.Event] = []
+        min_epochs: dict[str, int] = {}
         for record in records:
             try:
-                events.extend(wire.decode(record.value, wire.TokenBatch).events)
+                batch = wire.decode(record.value, wire.TokenBatch)
             except wire.WireError as exc:
                 await self._dead_letter(record, str(exc))
-        routes = await self._lookup([event.request_id for event in events])
+                continue
+            events.extend(batch.events)
+            min_epochs.update(batch.epochs)
+        await self._record_claims([e for e in events if isinstance(e, wire.Started)])
+        routes = await self._lookup([event.request_id for event in events], min_epochs)
         per_edge: dict[str, list[wire.Delivery]] = defaultdict(list)
         for event in events:
             route = routes.get(event.request_id)
@@ -85,10 +93,21 @@ class RouterService:
         sends = [self._forward(edge_id, deliveries) for edge_id, deliveries in per_edge.items()]
         await asyncio.gather(*sends)
 
-    async def _lookup(self, request_ids: list[str]) -> dict:
+    async def _lookup(self, request_ids: list[str], min_epochs: dict[str, int]) -> dict[str, Route]:
+        return await self._retry_redis(lambda: self._routes.get_many(request_ids, min_epochs))
+
+    async def _record_claims(self, starts: list[wire.Started]) -> None:
+        """Who started what goes into the routing map, where a worker that is handed the
+        same request again (its first owner died) finds it and does not run it twice."""
+        if starts:
+            owners = {start.request_id: start.worker_id for start in starts}
+            await self._retry_redis(lambda: self._routes.claim(owners))
+
+    async def _retry_redis(self, call: Callable[[], Awaitable[T]]) -> T:
+        """While the Redis Cluster fails over, calls fail: hold the batch and retry."""
         while True:
             try:
-                return await self._routes.get_many(request_ids)
+                return await call()
             except (RedisError, OSError) as exc:
                 log.warning("routing map unavailable (%s); retrying", exc)
                 await asyncio.sleep(ROUTE_RETRY_S)

@@ -18,6 +18,15 @@ class WorkerConfig(CommonConfig):
     echo_delay_ms: float = doc("echo model: sleep per step, to imitate a model's pace", 0.0)
     device: str = doc("cpu | cuda | auto", "auto")
     max_poll_records: int = doc("most requests taken from Kafka in one poll", 256)
+    replay_retention_s: float = doc("how long a stream's events are kept to replay to a resuming client", 60.0)
+    max_model_len: int = doc("most tokens (prompt + output) per request; 0 = the model's context, at most 8192", 0)
+    max_num_seqs: int = doc("most requests in one engine step", 256)
+    max_batch_tokens: int = doc("most tokens computed in one engine step; 0 = 512 on a CPU, 8192 on a GPU", 0)
+    num_kv_blocks: int = doc("KV cache blocks of 16 tokens; 0 = size the pool from free memory", 0)
+    kv_memory_fraction: float = doc("GPU: share of device memory for weights, activations and KV cache", 0.9)
+    enable_prefix_caching: bool = doc("reuse the KV of prompt prefixes seen before", True)
+    enable_chunked_prefill: bool = doc("split long prompts across steps so decodes keep flowing", True)
+    cuda_graphs: bool = doc("GPU: replay decode steps as captured CUDA graphs", True)
 
     @property
     def name(self) -> str:

@@ -11,7 +11,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from services.worker.generation import GenerationRequest, RequestRejected, StepOutput, Usage
+from services.worker.generation import GenerationRequest, RequestRejected, StartListener, StepOutput, Usage
 
 CONTEXT_PIECES = 8192
 _PIECE = re.compile(r"\s*\S+\s*")
@@ -32,6 +32,7 @@ class _EchoStream:
     prompt_pieces: int
     max_tokens: int
     sent: int = 0
+    started: bool = False
 
     def usage(self) -> Usage:
         return Usage(prompt_tokens=self.prompt_pieces, cached_tokens=0, completion_tokens=self.sent)
@@ -44,6 +45,7 @@ class EchoEngine:
         self.delay_s = delay_ms / 1000.0
         self._next_step_at = 0.0
         self._streams: dict[str, _EchoStream] = {}
+        self.start_listener: StartListener | None = None
 
     def add_request(self, request: GenerationRequest) -> None:
         prompt_pieces = count_prompt_pieces(request.messages)
@@ -69,6 +71,7 @@ class EchoEngine:
             now = time.perf_counter()
             self._next_step_at = max(now, self._next_step_at) + self.delay_s
             time.sleep(self._next_step_at - now)
+        self._announce_starts()
         outputs = []
         for request_id, stream in list(self._streams.items()):
             if stream.sent >= len(stream.pieces):
@@ -88,6 +91,13 @@ class EchoEngine:
                 del self._streams[request_id]
                 outputs.append(StepOutput(request_id, text, finish_reason=finish, usage=stream.usage()))
         return outputs
+
+    def _announce_starts(self) -> None:
+        new = [request_id for request_id, stream in self._streams.items() if not stream.started]
+        if new and self.start_listener is not None:
+            self.start_listener(new)
+        for request_id in new:
+            self._streams[request_id].started = True
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._streams)

@@ -6,6 +6,7 @@ engine never sees Kafka, and the service never sees tensors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,7 +53,15 @@ class RequestRejected(Exception):
         self.message = message
 
 
+# Called by an engine with the requests it is about to compute for the first time,
+# before it computes them: once it returns, the start is on record, so a request that
+# takes the worker down with it is never run again elsewhere.
+StartListener = Callable[[list[str]], None]
+
+
 class GenerationEngine(Protocol):
+    start_listener: StartListener | None
+
     def add_request(self, request: GenerationRequest) -> None:
         """Queue a request; raises RequestRejected if it can never run."""
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from services.worker.config import WorkerConfig
 from services.worker.generation import GenerationEngine
 from services.worker.service import WorkerService
+from shared.redis_client import make_cluster
+from shared.routing_map import RoutingMap
 from shared.runtime import run_until_signalled, setup_logging
 
 
@@ -18,7 +20,15 @@ def build_engine(config: WorkerConfig) -> GenerationEngine:
     return build_llm_engine(config)
 
 
+async def serve_worker(config: WorkerConfig, engine: GenerationEngine) -> None:
+    redis = make_cluster(config.redis_startup_nodes())
+    try:
+        await WorkerService(config, engine, RoutingMap(redis), is_alive=lambda worker_id: False).run()
+    finally:
+        await redis.aclose()
+
+
 def main(config: WorkerConfig) -> None:
     setup_logging(config.log_level, config.name)
     engine = build_engine(config)
-    run_until_signalled(WorkerService(config, engine).run())
+    run_until_signalled(serve_worker(config, engine))

@@ -1,8 +1,10 @@
 """The worker service: Kafka requests in, engine on its own thread, token batches out.
 
-Requests are taken in batches and their offsets committed once the engine holds
-them. Every engine step becomes one Kafka message per destination edge, carrying
-that step's events for all of the edge's requests, each tagged with its seq.
+Offsets are committed once a request has started (see offset_tracker.py). Every
+engine step becomes one Kafka message per destination edge, carrying that step's
+events for all of the edge's requests, each tagged with its seq. A request that
+another worker started is never run here: if that worker is gone, the request is
+quarantined, since it may be what took the worker down.
 """
 
 from __future__ import annotations
@@ -12,57 +14,76 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from cachetools import TTLCache
+from redis.exceptions import RedisError
 
 from services.worker.config import WorkerConfig
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine_thread import EngineThread
 from services.worker.generation import GenerationEngine, GenerationRequest, StepOutput, Usage
+from services.worker.offset_tracker import OffsetTracker
+from services.worker.streams import StreamRegistry
 from shared import wire
 from shared.kafka_clients import make_consumer, make_producer, send_dead_letter
+from shared.routing_map import RoutingMap
 
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 100
 CANCELLED_MEMORY_S = 600  # a cancel may overtake its request; remember it this long
+START_RECORD_TIMEOUT_S = 5.0
 
 
-@dataclass
-class InFlight:
-    edge_id: str
-    next_seq: int = 0
+class _Revocations(ConsumerRebalanceListener):
+    def __init__(self, service: WorkerService) -> None:
+        self._service = service
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self._service.drop_unstarted(self._service.offsets.forget_partitions(set(revoked)))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        pass
 
 
 class WorkerService:
-    def __init__(self, config: WorkerConfig, engine: GenerationEngine) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        engine: GenerationEngine,
+        routes: RoutingMap,
+        is_alive: Callable[[str], bool],
+    ) -> None:
         self.config = config
         self.topics = config.topics
+        self.offsets = OffsetTracker()
         self._engine = engine
-        self._in_flight: dict[str, InFlight] = {}
-        self._cancelled: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=CANCELLED_MEMORY_S)
+        self._routes = routes
+        self._is_alive = is_alive
+        self._streams = StreamRegistry(grace_s=config.replay_retention_s)
+        self._cancelled: TTLCache[str, int] = TTLCache(maxsize=100_000, ttl=CANCELLED_MEMORY_S)
         self._outbox: asyncio.Queue[list[StepOutput]] = asyncio.Queue()
         self._producer: AIOKafkaProducer | None = None
         self._thread: EngineThread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.num_dead_letters = 0
+        self.num_quarantined = 0
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
-        name = self.config.name
-        bootstrap = self.config.kafka_bootstrap
+        name, bootstrap = self.config.name, self.config.kafka_bootstrap
         producer = self._producer = make_producer(bootstrap, client_id=name)
-        requests = make_consumer(
-            bootstrap, self.topics.requests, client_id=name, group_id=f"{self.topics.prefix}-workers"
-        )
-        # Every worker must see every cancel, so the control topic is read without a group.
-        control = make_consumer(
-            bootstrap, self.topics.control, client_id=name, group_id=None, auto_offset_reset="latest"
-        )
+        requests = make_consumer(bootstrap, client_id=name, group_id=f"{self.topics.prefix}-workers")
+        requests.subscribe([self.topics.requests], listener=_Revocations(self))
+        # Every worker must see every control message, so that topic is read without a group.
+        control = make_consumer(bootstrap, self.topics.control, client_id=name, group_id=None, auto_offset_reset="latest")
         await producer.start()
         await requests.start()
         await control.start()
-        self._thread = EngineThread(self._engine, asyncio.get_running_loop(), self._outbox.put_nowait)
+        self._loop = asyncio.get_running_loop()
+        self._engine.start_listener = self._record_starts
+        self._thread = EngineThread(self._engine, self._loop, self._outbox.put_nowait)
         self._thread.start()
         log.info("worker %s ready (model %s)", name, self.config.model)
         if ready is not None:
@@ -79,91 +100,148 @@ class WorkerService:
                     await client.stop()
             await producer.stop()
 
+    # Requests -----------------------------------------------------------------------------
     async def _consume_requests(self, consumer: AIOKafkaConsumer) -> None:
         while True:
             batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=self.config.max_poll_records)
-            for records in batches.values():
+            for tp, records in batches.items():
                 for record in records:
-                    await self._accept(record)
-            if batches:
-                # The engine thread now holds every request of the batch.
-                await consumer.commit()
+                    self.offsets.add(tp, record.offset, await self._accept(record))
+            if moves := self.offsets.committable():
+                await consumer.commit(moves)
 
-    async def _accept(self, record: ConsumerRecord) -> None:
+    async def _accept(self, record: ConsumerRecord) -> str | None:
+        """Hand the request to the engine; its id if its start is still to come, else None."""
         try:
             chat = wire.decode(record.value, wire.ChatRequest)
         except wire.WireError as exc:
             await self._dead_letter(record, str(exc))
-            return
-        self._in_flight[chat.request_id] = InFlight(chat.edge_id)
-        if self._cancelled.pop(chat.request_id, None):
+            return None
+        if chat.request_id in self._streams.active:
+            return None  # delivered twice after a rebalance: ours already
+        if self._cancelled.pop(chat.request_id, None) is not None:
+            self._streams.open(chat.request_id, chat.edge_id)
             self._outbox.put_nowait([StepOutput(chat.request_id, finish_reason="cancelled", usage=Usage(0, 0, 0))])
-            return
-        sampling = SamplingParams(
-            max_tokens=chat.max_tokens, temperature=chat.temperature, top_p=chat.top_p, seed=chat.seed
-        )
+            return None
+        owner = await self._owner(chat.request_id)
+        if owner is not None and owner != self.config.name:
+            if not self._is_alive(owner):
+                await self._quarantine(chat, owner)
+            return None
+        stream = self._streams.open(chat.request_id, chat.edge_id)
+        sampling = SamplingParams(max_tokens=chat.max_tokens, temperature=chat.temperature, top_p=chat.top_p, seed=chat.seed)
         try:
             sampling.validate()
         except ValueError as exc:
-            self._outbox.put_nowait([StepOutput(chat.request_id, error_code="invalid_request", error_message=str(exc))])
-            return
+            self._outbox.put_nowait([StepOutput(stream.request_id, error_code="invalid_request", error_message=str(exc))])
+            return None
         messages = [{"role": m.role, "content": m.content} for m in chat.messages]
         self._thread.add(GenerationRequest(chat.request_id, chat.tenant, messages, sampling))
+        return chat.request_id
 
+    async def _owner(self, request_id: str) -> str | None:
+        try:
+            return await self._routes.owner(request_id)
+        except (RedisError, OSError) as exc:
+            log.warning("cannot read the claim of %s (%s); running it", request_id, exc)
+            return None
+
+    async def _quarantine(self, chat: wire.ChatRequest, owner: str) -> None:
+        self.num_quarantined += 1
+        log.warning("quarantining %s: worker %s died while running it", chat.request_id, owner)
+        message = "a worker died while running this request; it is not run again"
+        error = wire.Error(chat.request_id, wire.OUT_OF_BAND, "request_quarantined", message, False)
+        await self._send(chat.edge_id, [error], {})
+
+    def drop_unstarted(self, request_ids: list[str]) -> None:
+        """Requests of partitions taken away before they started: their new owner runs them."""
+        for request_id in request_ids:
+            self._streams.active.pop(request_id, None)
+            self._thread.abort(request_id)
+
+    def _record_starts(self, request_ids: list[str]) -> None:
+        """Engine thread: put the starts on the token path, and wait until Kafka has them."""
+        future = asyncio.run_coroutine_threadsafe(self._announce_starts(request_ids), self._loop)
+        try:
+            future.result(START_RECORD_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - the engine goes on; the claim is best effort now
+            log.warning("could not record the start of %d requests: %r", len(request_ids), exc)
+
+    async def _announce_starts(self, request_ids: list[str]) -> None:
+        by_edge: dict[str, list[wire.Event]] = defaultdict(list)
+        for request_id in request_ids:
+            self.offsets.started(request_id)
+            stream = self._streams.active.get(request_id)
+            if stream is not None:
+                started = wire.Started(request_id, wire.OUT_OF_BAND, self.config.name)
+                stream.log.append(started)
+                by_edge[stream.edge_id].append(started)
+        await asyncio.gather(*(self._send(edge, events, {}, wait=True) for edge, events in by_edge.items()))
+
+    # Control ------------------------------------------------------------------------------
     async def _consume_control(self, consumer: AIOKafkaConsumer) -> None:
         while True:
             batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
             for records in batches.values():
                 for record in records:
                     try:
-                        cancel = wire.decode(record.value, wire.Cancel)
+                        message = wire.decode(record.value, wire.Control)
                     except wire.WireError as exc:
                         await self._dead_letter(record, str(exc))
                         continue
-                    for request_id in cancel.request_ids:
-                        if request_id in self._in_flight:
-                            self._thread.abort(request_id)
-                        else:
-                            self._cancelled[request_id] = True
+                    if isinstance(message, wire.Cancel):
+                        self._cancel(message)
+                    else:
+                        await self._resume(message)
 
+    def _cancel(self, cancel: wire.Cancel) -> None:
+        for request_id in cancel.request_ids:
+            stream = self._streams.active.get(request_id)
+            if stream is None:
+                self._cancelled[request_id] = cancel.epoch
+            elif stream.epoch <= cancel.epoch:  # else it was resumed elsewhere since
+                self._thread.abort(request_id)
+
+    def cancel_edge(self, edge_id: str) -> None:
+        """The edge is gone, and with it its sockets: free what its requests hold."""
+        for request_id in self._streams.on_edge(edge_id):
+            self._thread.abort(request_id)
+
+    async def _resume(self, resume: wire.Resume) -> None:
+        stream = self._streams.find(resume.request_id)
+        if stream is None or resume.epoch <= stream.epoch:
+            return  # another worker's, or an old message
+        stream.edge_id, stream.epoch = resume.edge_id, resume.epoch
+        events = stream.replay_from(resume.from_seq)
+        if events is None:
+            message = f"last_seq {resume.from_seq - 1} is beyond the {stream.next_seq} events sent"
+            events = [wire.Error(resume.request_id, wire.OUT_OF_BAND, "resume_refused", message, False)]
+        await self._send(stream.edge_id, events, {resume.request_id: stream.epoch})
+
+    # Tokens out ---------------------------------------------------------------------------
     async def _publish_outputs(self) -> None:
         while True:
             outputs = await self._outbox.get()
             by_edge: dict[str, list[wire.Event]] = defaultdict(list)
+            epochs: dict[str, dict[str, int]] = defaultdict(dict)
             for output in outputs:
-                state = self._in_flight.get(output.request_id)
-                if state is None:
-                    continue  # finished or never ours: nothing more may be said about it
-                events = _events_for(output, state)
+                stream = self._streams.active.get(output.request_id)
+                if stream is None:
+                    continue  # dropped or finished: nothing more may be said about it
+                by_edge[stream.edge_id].extend(stream.events_for(output))
+                if stream.epoch:
+                    epochs[stream.edge_id][stream.request_id] = stream.epoch
                 if output.finished:
-                    del self._in_flight[output.request_id]
-                by_edge[state.edge_id].extend(events)
+                    self._streams.end(output.request_id)
             for edge_id, events in by_edge.items():
-                batch = wire.TokenBatch(edge_id, self.config.name, events, sent_at=time.time())
-                await self._producer.send(self.topics.tokens, wire.encode(batch), key=edge_id.encode())
+                await self._send(edge_id, events, epochs[edge_id])
+
+    async def _send(self, edge_id: str, events: list[wire.Event], epochs: dict[str, int], wait: bool = False) -> None:
+        batch = wire.TokenBatch(edge_id, self.config.name, events, sent_at=time.time(), epochs=epochs)
+        send = self._producer.send_and_wait if wait else self._producer.send
+        await send(self.topics.tokens, wire.encode(batch), key=edge_id.encode())
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
         self.num_dead_letters += 1
         await send_dead_letter(self._producer, self.topics.dead_letter, record, self.config.name, reason)
 
-
-
-def _events_for(output: StepOutput, state: InFlight) -> list[wire.Event]:
-    """The output as seq-numbered events: its text as a token, then its ending if it ended."""
-    events: list[wire.Event] = []
-    if output.text:
-        events.append(wire.Token(output.request_id, state.next_seq, output.text))
-        state.next_seq += 1
-    if output.error_code is not None:
-        events.append(wire.Error(output.request_id, state.next_seq, output.error_code, output.error_message, False))
-    elif output.finish_reason is not None:
-        usage = output.usage
-        events.append(
-            wire.Done(
-                output.request_id,
-                state.next_seq,
-                output.finish_reason,
-                wire.Usage(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens),
-            )
-        )
-    return events

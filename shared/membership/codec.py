@@ -37,7 +37,7 @@ class Codec:
 
     def mac(self, version: int, payload: bytes) -> bytes:
         # The version is signed too, so nobody can relabel a payload for a parser it was not meant for.
-        return hmac.new(self._secret, version.to_bytes(2, "big") + payload, hashlib.sha256).digest()
+        return hmac.digest(self._secret, version.to_bytes(2, "big") + payload, hashlib.sha256)
 
     def seal(self, sender: str, seq: int, ts: float, body: Body) -> bytes:
         payload = encode(Envelope(self.cluster, sender, seq, ts, body))

@@ -23,6 +23,7 @@ from shared.topics import TopicLayout
 # Separate runs on one machine can set their own ports.
 TEST_PORT = int(os.environ.get("DRIVETRAIN_TEST_BASE_PORT", "18080"))
 TEST_INTERNAL_PORT = TEST_PORT + 1100
+RESUME_GRACE_S = 2.0  # short, so tests of a dropped socket need not wait long
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +56,7 @@ def start_fleet(topics: TopicLayout, log_dir: Path, **spec: object) -> Fleet:
     fleet_spec = FleetSpec(
         base_port=TEST_PORT,
         base_internal_port=TEST_INTERNAL_PORT,
-        extra_env={"DRIVETRAIN_TOPIC_PREFIX": topics.prefix},
+        extra_env={"DRIVETRAIN_TOPIC_PREFIX": topics.prefix, "DRIVETRAIN_RESUME_GRACE_S": str(RESUME_GRACE_S)},
         **spec,
     )
     fleet = Fleet(fleet_spec, log_dir=log_dir, echo_logs=False)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 from shared import wire
 from shared.chat_client import ChatSocket
+from tests.integration.conftest import RESUME_GRACE_S
 from tests.integration.kafka_tap import KafkaTap
 
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()
@@ -83,13 +85,17 @@ async def test_cancel_ends_with_cancelled(echo_fleet):
 async def test_disconnect_mid_stream_makes_the_worker_drop_it(echo_fleet, topics, infra):
     async with KafkaTap(infra, topics.tokens, topics.tokens_partitions) as tap:
         sock = await ChatSocket.open(echo_fleet.spec.chat_url(1))
-        await sock.chat("c1", " ".join(["word"] * 2000))
+        await sock.chat("c1", " ".join(["word"] * 2000), max_tokens=2000)
         request_id = (await sock.next_frame("c1"))["request_id"]
         await sock.next_frame("c1")
         await sock.ws.close()  # the user closes the tab
+        closed_at = time.monotonic()
         events = await tap.events_until(
             lambda e: e.request_id == request_id and isinstance(e, (wire.Done, wire.Error)), timeout=10
         )
+        waited = time.monotonic() - closed_at
     mine = [e for e in events if e.request_id == request_id]
     assert isinstance(mine[-1], wire.Done) and mine[-1].finish_reason == "cancelled"
     assert mine[-1].usage.completion_tokens < 2000
+    # The stream waited for the client to resume it before the worker let it go.
+    assert RESUME_GRACE_S - 0.5 <= waited <= RESUME_GRACE_S + 3

@@ -65,3 +65,14 @@ def test_prompt_longer_than_context_is_rejected():
     with pytest.raises(RequestRejected) as info:
         EchoEngine().add_request(request("w " * (CONTEXT_PIECES + 1)))
     assert info.value.code == "prompt_too_long"
+
+
+def test_starts_are_announced_once_before_the_first_piece():
+    engine = EchoEngine()
+    announced = []
+    engine.start_listener = lambda ids: announced.append((list(ids), engine.has_unfinished_requests()))
+    engine.add_request(request("a b", rid="r1"))
+    engine.step()
+    engine.add_request(request("c", rid="r2"))
+    run(engine)
+    assert announced == [(["r1"], True), (["r2"], True)]

@@ -40,3 +40,12 @@ def test_terminal_event_finishes_and_later_ones_are_ignored():
     assert order.push(tok(0)) == [tok(0), done(1)]
     assert order.finished
     assert order.push(tok(2)) == []
+
+
+def test_out_of_band_error_ends_the_stream_at_once():
+    order = StreamOrder()
+    order.push(tok(0))
+    order.push(tok(2))  # waiting for 1
+    lost = wire.Error("r", wire.OUT_OF_BAND, "worker_lost", "gone", True)
+    assert order.push(lost) == [lost]
+    assert order.finished and order.push(tok(1)) == []

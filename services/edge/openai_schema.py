@@ -1,0 +1,301 @@
+"""OpenAI chat-completion shapes on the edge: the request we accept (as a ChatFrame), the bodies and errors we send.
+
+Pure functions, no I/O; `openai_api` wires them to HTTP.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from services.edge.protocol import ChatFrame, ChatMessage
+
+# Absent sampling fields take OpenAI's documented defaults, which clients of this API
+# expect; absent max tokens take the chat protocol's default, so both paths cap alike.
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
+RETRY_AFTER_S = 1
+
+
+class ApiError(Exception):
+    """A refusal in OpenAI's error shape, with its HTTP status (and Retry-After when the client should wait)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.code = code
+        self.param = param
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# Request -------------------------------------------------------------------------------
+class TextPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    type: Literal["text"]
+    text: str
+
+
+class InputMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    # "developer" is OpenAI's newer name for "system"; tool turns need tool calling, which we lack.
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None  # accepted and ignored: the chat template has no place for it
+
+    def as_chat_message(self) -> ChatMessage:
+        role = "system" if self.role == "developer" else self.role
+        text = self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
+        return ChatMessage(role=role, content=text)
+
+
+class StreamOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # we never pad chunks, so either value is honoured
+
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+
+
+class CompletionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    model: str
+    messages: Annotated[list[InputMessage], msgspec.Meta(min_length=1)]
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
+    seed: int | None = None
+    n: PositiveInt | None = None
+    # Harmless: bookkeeping that does not change what is generated.
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    parallel_tool_calls: bool | None = None
+    # Accepted only at their neutral value (see NEUTRAL); anything else we cannot honour.
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    stop: str | list[str] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: Any = None
+    modalities: list[str] | None = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+
+
+NEUTRAL: dict[str, Callable[[Any], bool]] = {
+    "n": lambda v: v in (None, 1),
+    "presence_penalty": lambda v: not v,
+    "frequency_penalty": lambda v: not v,
+    "logprobs": lambda v: not v,
+    "top_logprobs": lambda v: not v,
+    "logit_bias": lambda v: not v,
+    "stop": lambda v: not v,
+    "tools": lambda v: not v,
+    "tool_choice": lambda v: v in (None, "none", "auto"),  # with no tools, "auto" calls none
+    "response_format": lambda v: v is None or v == {"type": "text"},
+    "modalities": lambda v: v is None or v == ["text"],
+    "functions": lambda v: not v,
+    "function_call": lambda v: v in (None, "none"),
+    "audio": lambda v: v is None,
+    "prediction": lambda v: v is None,
+    "reasoning_effort": lambda v: v is None,
+    "verbosity": lambda v: v is None,
+    "web_search_options": lambda v: v is None,
+}
+
+
+@dataclass(frozen=True)
+class ParsedCompletion:
+    frame: ChatFrame
+    stream: bool
+    include_usage: bool
+
+
+_decoder = msgspec.json.Decoder(CompletionRequest)
+_AT_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[^`]*)`")
+_MISSING_FIELD = re.compile(r"^Object missing required field `(?P<field>[^`]*)`")
+
+
+def parse_completion_request(body: bytes, served_model: str, chat_id: str) -> ParsedCompletion:
+    """The request body as a chat frame for `EdgeService.start_chat`; ApiError (400) when we cannot honour it."""
+    try:
+        request = _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(str(exc)) from exc
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from exc
+    for field, is_neutral in NEUTRAL.items():
+        if not is_neutral(getattr(request, field)):
+            raise ApiError(400, f"`{field}` is not supported by this server", code="unsupported_parameter", param=field)
+    if request.model != served_model:
+        raise ApiError(
+            400, f"The model `{request.model}` does not exist; this server serves `{served_model}`",
+            code="model_not_found", param="model",
+        )
+    if request.stream_options is not None and not request.stream:
+        raise ApiError(
+            400, "`stream_options` is only allowed when `stream` is true", code="invalid_value", param="stream_options"
+        )
+    cap = request.max_completion_tokens or request.max_tokens
+    limit = {"max_tokens": cap} if cap else {}
+    frame = ChatFrame(
+        type="chat",
+        id=chat_id,
+        messages=[m.as_chat_message() for m in request.messages],
+        temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+        top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
+        seed=request.seed,
+        **limit,
+    )
+    include_usage = bool(request.stream_options and request.stream_options.include_usage)
+    return ParsedCompletion(frame, bool(request.stream), include_usage)
+
+
+def _validation_error(reason: str) -> ApiError:
+    """msgspec's reason with the offending field named as OpenAI's `param`."""
+    at = _AT_PATH.search(reason)
+    path = at.group("path") if at else ""
+    if unknown := _UNKNOWN_FIELD.match(reason):
+        param = f"{path}.{unknown.group('field')}" if path else unknown.group("field")
+        return ApiError(400, f"Unrecognized request argument supplied: {param}", code="unknown_parameter", param=param)
+    if missing := _MISSING_FIELD.match(reason):
+        path = f"{path}.{missing.group('field')}" if path else missing.group("field")
+    return ApiError(400, f"Invalid request: {reason}", code="invalid_value", param=path or None)
+
+
+# Refusals and failures ---------------------------------------------------------------------
+# Edge refusal and worker error codes -> (HTTP status, OpenAI error type, OpenAI error code).
+_STATUS_OF: dict[str, tuple[int, str, str]] = {
+    "invalid_message": (400, "invalid_request_error", "invalid_value"),
+    "invalid_request": (400, "invalid_request_error", "invalid_value"),
+    "prompt_too_long": (400, "invalid_request_error", "context_length_exceeded"),
+    "too_many_chats": (429, "rate_limit_error", "too_many_chats"),
+    "unavailable": (503, "server_error", "unavailable"),
+    "worker_lost": (503, "server_error", "worker_lost"),
+}
+
+
+def refusal_error(code: str, message: str, retryable: bool) -> ApiError:
+    """The HTTP error for a ProtocolError or an error frame; unknown retryable codes ask the client to back off."""
+    status, type_, api_code = _STATUS_OF.get(code) or (
+        (429, "rate_limit_error", code) if retryable else (500, "server_error", code)
+    )
+    param = "messages" if code == "prompt_too_long" else None
+    retry_after = RETRY_AFTER_S if status in (429, 503) else None
+    return ApiError(status, message, type_, api_code, param, retry_after)
+
+
+# Responses ---------------------------------------------------------------------------------
+# OpenAI has no "cancelled": a client only cancels by going away, and then reads nothing;
+# a cancel it did not cause (say, an operator's) ended the answer early, which "stop" tells
+# every client that knows the documented values. Unknown reasons fall back to "stop" too.
+_FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop"}
+
+
+def finish_reason_of(reason: str) -> str:
+    return _FINISH_REASONS.get(reason, "stop")
+
+
+def usage_body(usage: dict[str, int]) -> dict[str, Any]:
+    """OpenAI usage from a `done` frame's usage."""
+    prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]},
+    }
+
+
+@dataclass(frozen=True)
+class CompletionHeader:
+    """What every body of one completion repeats."""
+
+    id: str
+    created: int
+    model: str
+
+
+def completion_body(head: CompletionHeader, text: str, done: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": head.id,
+        "object": "chat.completion",
+        "created": head.created,
+        "model": head.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": finish_reason_of(done["finish_reason"]),
+            }
+        ],
+        "usage": usage_body(done["usage"]),
+        "system_fingerprint": None,
+    }
+
+
+def chunk_body(
+    head: CompletionHeader, delta: dict[str, str], finish_reason: str | None, include_usage: bool
+) -> dict[str, Any]:
+    chunk: dict[str, Any] = {
+        "id": head.id,
+        "object": "chat.completion.chunk",
+        "created": head.created,
+        "model": head.model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        "system_fingerprint": None,
+    }
+    if include_usage:
+        chunk["usage"] = None  # as OpenAI does: only the last chunk carries usage
+    return chunk
+
+
+def usage_chunk_body(head: CompletionHeader, done: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": head.id,
+        "object": "chat.completion.chunk",
+        "created": head.created,
+        "model": head.model,
+        "choices": [],
+        "usage": usage_body(done["usage"]),
+        "system_fingerprint": None,
+    }
+
+
+def model_body(model: str, created: int) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": created, "owned_by": "drivetrain"}
+
+
+def models_body(model: str, created: int) -> dict[str, Any]:
+    return {"object": "list", "data": [model_body(model, created)]}

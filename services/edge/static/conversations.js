@@ -1,0 +1,158 @@
+// What the page knows: conversations, their messages, and the replies streaming on
+// the socket (by chat id). No DOM and no socket here; frames go in, changes come out.
+
+const TITLE_CHARS = 48;
+const FINISHED = new Set(["stop", "length", "cancelled"]);
+
+// One reply in flight. Keeps what a stream resume needs: the request id, the resume
+// token (when the edge gives one) and the last seq shown.
+export class ReplyStream {
+  constructor(chatId) {
+    this.chatId = chatId;
+    this.requestId = null;
+    this.resumeToken = null;
+    this.lastSeq = -1;
+    this.sent = false;
+  }
+
+  // True for the next token; false for one already shown (a duplicate).
+  takes(seq) {
+    if (seq <= this.lastSeq) return false;
+    this.lastSeq = seq;
+    return true;
+  }
+}
+
+export class Message {
+  constructor(role, text = "") {
+    this.role = role; // "user" | "assistant"
+    this.text = text;
+    // assistant: "waiting" | "streaming" | "stop" | "length" | "cancelled" | "error"
+    this.status = role === "user" ? "sent" : "waiting";
+    this.error = null; // {code, message, retryable}
+    this.stream = null; // ReplyStream while in flight
+  }
+
+  get inFlight() {
+    return this.stream !== null;
+  }
+}
+
+export class Conversation {
+  constructor(id) {
+    this.id = id;
+    this.messages = [];
+  }
+
+  get title() {
+    const first = this.messages.find((m) => m.role === "user");
+    if (!first) return "Untitled";
+    const line = first.text.trim().replace(/\s+/g, " ");
+    return line.length > TITLE_CHARS ? `${line.slice(0, TITLE_CHARS - 1)}…` : line;
+  }
+
+  get busy() {
+    return this.messages.some((m) => m.inFlight);
+  }
+
+  // The conversation the model sees before `reply`: every user message and every
+  // finished reply (a stopped one too: the user read it). Failed replies are left out.
+  historyBefore(reply) {
+    return this.messages
+      .slice(0, this.messages.indexOf(reply))
+      .filter((m) => m.role === "user" || (FINISHED.has(m.status) && m.text !== ""))
+      .map((m) => ({ role: m.role, content: m.text }));
+  }
+}
+
+export class ChatBook {
+  constructor() {
+    this.conversations = [];
+    this.inFlight = new Map(); // chat id -> {conversation, reply}
+    this.chatCount = 0;
+  }
+
+  newConversation() {
+    const conversation = new Conversation(`conversation-${this.conversations.length + 1}`);
+    this.conversations.unshift(conversation);
+    return conversation;
+  }
+
+  find(conversationId) {
+    return this.conversations.find((c) => c.id === conversationId) ?? null;
+  }
+
+  // The user's message and the (empty) reply that will answer it.
+  ask(conversation, text) {
+    conversation.messages.push(new Message("user", text));
+    const reply = new Message("assistant");
+    conversation.messages.push(reply);
+    this.begin(conversation, reply);
+    return reply;
+  }
+
+  // (Re)starts a reply under a fresh chat id; a retry reuses the reply's place.
+  begin(conversation, reply) {
+    reply.text = "";
+    reply.status = "waiting";
+    reply.error = null;
+    reply.stream = new ReplyStream(`c${++this.chatCount}`);
+    this.inFlight.set(reply.stream.chatId, { conversation, reply });
+  }
+
+  chatFrame(conversation, reply, params) {
+    return { type: "chat", id: reply.stream.chatId, messages: conversation.historyBefore(reply), ...params };
+  }
+
+  unsent() {
+    return [...this.inFlight.values()].filter(({ reply }) => !reply.stream.sent);
+  }
+
+  // Applies one edge frame. Returns {conversation, reply, text?} for the reply it
+  // changed, or null when it belongs to no reply in flight (late or id-less frames).
+  apply(frame) {
+    const entry = this.inFlight.get(frame.id);
+    if (!entry) return null;
+    const { reply } = entry;
+    const stream = reply.stream;
+    switch (frame.type) {
+      case "accepted":
+        stream.requestId = frame.request_id ?? null;
+        stream.resumeToken = frame.resume_token ?? null;
+        return entry;
+      case "token":
+        if (!Number.isInteger(frame.seq) || !stream.takes(frame.seq)) return null;
+        reply.status = "streaming";
+        reply.text += String(frame.text ?? "");
+        return { ...entry, text: String(frame.text ?? "") };
+      case "done":
+        return this.finish(frame.id, FINISHED.has(frame.finish_reason) ? frame.finish_reason : "stop");
+      case "error":
+        return this.finish(frame.id, "error", {
+          code: String(frame.code ?? "error"),
+          message: String(frame.message ?? ""),
+          retryable: frame.retryable === true,
+        });
+      default:
+        return null;
+    }
+  }
+
+  finish(chatId, status, error = null) {
+    const entry = this.inFlight.get(chatId);
+    if (!entry) return null;
+    this.inFlight.delete(chatId);
+    entry.reply.status = status;
+    entry.reply.error = error;
+    entry.reply.stream = null;
+    return entry;
+  }
+
+  // The socket dropped: replies already sent are lost with it (a stream resume would
+  // pick them up from stream.lastSeq instead); unsent ones wait for the next socket.
+  failSent(error) {
+    return [...this.inFlight.values()]
+      .filter(({ reply }) => reply.stream.sent)
+      .map(({ reply }) => this.finish(reply.stream.chatId, "error", { ...error }));
+  }
+}

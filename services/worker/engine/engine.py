@@ -1,0 +1,180 @@
+"""The core loop over token ids: requests in, one scheduled step at a time (schedule, run, update),
+new tokens and finish reasons out. Text, chat templates and stop strings live in llm_engine.py."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from services.worker.engine.block_pool import BlockPool
+from services.worker.engine.config import ModelConfig
+from services.worker.engine.kv_cache_manager import KVCacheManager
+from services.worker.engine.model import LlamaModel
+from services.worker.engine.model_runner import ModelRunner, RunnerConfig
+from services.worker.engine.request import Request, RequestStatus
+from services.worker.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from services.worker.engine.tenant_order import TenantOrder
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MODEL_LEN = 8192
+CPU_MAX_BATCH_TOKENS = 512
+GPU_MAX_BATCH_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_model_len: int = 0  # prompt + output per request; 0 = the model's context, at most 8192
+    max_num_seqs: int = 256  # requests in one batch
+    max_batch_tokens: int = 0  # tokens per step; 0 = 512 on a CPU, 8192 on a GPU
+    block_size: int = 16
+    num_kv_blocks: int = 0  # KV pool size, null block included; 0 = size from memory
+    kv_memory_fraction: float = 0.9  # GPU: share of device memory for weights, activations and KV
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # cap on one prompt's chunk per step; 0 = off
+    static_batching: bool = False  # benchmark baseline: no admissions until the batch is done
+    cuda_graphs: bool = True  # GPU: replay decode steps as CUDA graphs
+
+    def resolve(self, model: ModelConfig, device: torch.device) -> tuple[SchedulerConfig, RunnerConfig]:
+        """The scheduler's and the runner's settings, with every 0 = auto filled in."""
+        max_model_len = self.max_model_len or min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+        if max_model_len > model.max_position_embeddings:
+            raise ValueError(f"max_model_len {max_model_len} exceeds the model's {model.max_position_embeddings}")
+        auto_tokens = GPU_MAX_BATCH_TOKENS if device.type == "cuda" else CPU_MAX_BATCH_TOKENS
+        scheduler = SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_batch_tokens=self.max_batch_tokens or auto_tokens,
+            max_model_len=max_model_len,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            static_batching=self.static_batching,
+        )
+        runner = RunnerConfig(
+            block_size=self.block_size,
+            max_model_len=max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_batch_tokens=scheduler.max_batch_tokens,
+            num_kv_blocks=self.num_kv_blocks,
+            kv_memory_fraction=self.kv_memory_fraction,
+            cuda_graphs=self.cuda_graphs,
+        )
+        return scheduler, runner
+
+
+@dataclass
+class RequestUpdate:
+    """What one step did for one request."""
+
+    request_id: str
+    new_token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "error" once finished
+    error: str | None = None  # why the request failed, when it failed alone
+
+
+class Engine:
+    def __init__(
+        self,
+        model: LlamaModel,
+        config: EngineConfig = EngineConfig(),
+        eos_token_ids: tuple[int, ...] | None = None,  # None = the model's; () = never stop on EOS
+        tenant_order: TenantOrder | None = None,
+        runner_cls: type[ModelRunner] = ModelRunner,  # tests inject faults through a subclass
+    ) -> None:
+        device = next(model.parameters()).device
+        scheduler_config, runner_config = config.resolve(model.config, device)
+        self.config = config
+        self.runner = runner_cls(model, runner_config)
+        pool = BlockPool(self.runner.num_blocks, config.block_size, enable_caching=config.enable_prefix_caching)
+        self.kv_cache_manager = KVCacheManager(pool, scheduler_config.max_model_len)
+        self.scheduler = Scheduler(scheduler_config, self.kv_cache_manager, tenant_order)
+        eos = model.config.eos_token_ids if eos_token_ids is None else eos_token_ids
+        self.eos_token_ids = frozenset(eos)
+        self.num_steps = 0
+        self.num_isolated_failures = 0  # steps that raised and were re-run request by request
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.config.max_model_len
+
+    def check_request(self, request: Request) -> str | None:
+        """Why this request can never run here, or None."""
+        return self.scheduler.check_request(request)
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; ValueError if it can never run (see check_request)."""
+        self.scheduler.add_request(request)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Cancel a request and free its blocks now; False if unknown."""
+        return self.scheduler.abort_request(request_id)
+
+    def finish_request(self, request_id: str, reason: str) -> bool:
+        """Finish a request from outside the loop (a stop string found in its text)."""
+        return self.scheduler.finish_request(request_id, reason)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.scheduler.get_request(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def request_ids(self) -> list[str]:
+        return list(self.scheduler.requests)
+
+    def step(self) -> list[RequestUpdate]:
+        out = self.scheduler.schedule()
+        sampled, failed = self._execute(out)
+        return self._update(out, sampled, failed)
+
+    def _execute(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, str]]:
+        """Sampled tokens by request, and the requests whose part of the step raised (with why)."""
+        self.num_steps += 1
+        try:
+            return self.runner.run(out), {}
+        except Exception:  # noqa: BLE001 - one bad request must not fail the whole batch
+            if len(out.chunks) <= 1:
+                log.exception("step failed for %s", [c.request_id for c in out.chunks])
+                return {}, {c.request_id: "the engine failed while running this request" for c in out.chunks}
+            log.exception("batched step of %d requests failed; re-running them one at a time", len(out.chunks))
+            self.num_isolated_failures += 1
+            return self._isolate(out)
+
+    def _isolate(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, str]]:
+        # Re-running a chunk rewrites the same K/V into the same slots and draws from the same
+        # seeds, so the chunks that succeed here produce exactly what the batch would have.
+        sampled: dict[str, int] = {}
+        failed: dict[str, str] = {}
+        for chunk in out.chunks:
+            single = SchedulerOutput(chunks=[chunk], num_scheduled_tokens=chunk.num_tokens)
+            try:
+                sampled.update(self.runner.run(single))
+            except Exception as exc:  # noqa: BLE001 - this request is the culprit: it fails alone
+                log.warning("request %s failed: %s: %s", chunk.request_id, type(exc).__name__, exc)
+                failed[chunk.request_id] = "the engine failed while running this request"
+        return sampled, failed
+
+    def _update(self, out: SchedulerOutput, sampled: dict[str, int], failed: dict[str, str]) -> list[RequestUpdate]:
+        updates = [RequestUpdate(request_id, finish_reason="error", error=why) for request_id, why in failed.items()]
+        for request_id in failed:
+            self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ERROR)
+        self.scheduler.update_from_output(out, sampled)
+        for chunk in out.chunks:
+            request = self.scheduler.get_request(chunk.request_id)
+            if not chunk.sample or request is None:
+                continue  # a prompt chunk with more to come, or failed / aborted meanwhile
+            token = sampled[chunk.request_id]
+            reason = self._stop_reason(request, token)
+            if reason is not None:
+                self.scheduler.finish_request(request.request_id, reason)
+            updates.append(RequestUpdate(request.request_id, [token], reason))
+        return updates
+
+    def _stop_reason(self, request: Request, token: int) -> str | None:
+        if token in self.eos_token_ids:
+            return "stop"
+        if request.reached_max_num_tokens:  # max_tokens, or max_model_len (add_request capped it)
+            return "length"
+        return None

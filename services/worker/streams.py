@@ -1,0 +1,66 @@
+"""A worker's record of each stream it produces: where it goes, its seq, and what it said.
+
+The record outlives the request by a grace period, so a client that reconnects
+(to any edge) can have the stream replayed from the last seq it saw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cachetools import TTLCache
+
+from services.worker.generation import StepOutput
+from shared import wire
+
+
+@dataclass
+class Stream:
+    request_id: str
+    edge_id: str
+    epoch: int = 0
+    next_seq: int = 0
+    log: list[wire.Event] = field(default_factory=list)
+
+    def events_for(self, output: StepOutput) -> list[wire.Event]:
+        """The output as seq-numbered events: its text as a token, then its ending if it ended."""
+        events: list[wire.Event] = []
+        if output.text:
+            events.append(wire.Token(self.request_id, self.next_seq, output.text))
+            self.next_seq += 1
+        if output.error_code is not None:
+            events.append(wire.Error(self.request_id, self.next_seq, output.error_code, output.error_message, False))
+        elif output.finish_reason is not None:
+            u = output.usage
+            usage = wire.Usage(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
+            events.append(wire.Done(self.request_id, self.next_seq, output.finish_reason, usage))
+        self.log.extend(events)
+        return events
+
+    def replay_from(self, seq: int) -> list[wire.Event] | None:
+        """Events from `seq` on; None when `seq` is beyond anything this stream has sent."""
+        if seq > self.next_seq:
+            return None
+        # The start goes along, so the new edge knows whose loss would end this stream.
+        return [e for e in self.log if e.seq >= seq or isinstance(e, wire.Started)]
+
+
+class StreamRegistry:
+    def __init__(self, grace_s: float) -> None:
+        self.active: dict[str, Stream] = {}
+        self._ended: TTLCache[str, Stream] = TTLCache(maxsize=100_000, ttl=grace_s)
+
+    def open(self, request_id: str, edge_id: str) -> Stream:
+        stream = self.active[request_id] = Stream(request_id, edge_id)
+        return stream
+
+    def end(self, request_id: str) -> None:
+        stream = self.active.pop(request_id, None)
+        if stream is not None:
+            self._ended[request_id] = stream
+
+    def find(self, request_id: str) -> Stream | None:
+        return self.active.get(request_id) or self._ended.get(request_id)
+
+    def on_edge(self, edge_id: str) -> list[str]:
+        return [rid for rid, stream in self.active.items() if stream.edge_id == edge_id]

@@ -1,0 +1,168 @@
+"""LLMEngine, the worker's GenerationEngine: chat in, text out; rejections for that request only;
+abort; stop strings; usage with prefix-cache hits; whole characters only; `drivetrain generate`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from services.worker.config import WorkerConfig
+from services.worker.engine.engine import Engine, EngineConfig
+from services.worker.engine.llm_engine import LLMEngine, build_llm_engine
+from services.worker.engine.model_runner import ModelRunner
+from services.worker.engine.sampling_params import SamplingParams
+from services.worker.engine.scheduler import SchedulerOutput
+from services.worker.generation import GenerationRequest, RequestRejected, StepOutput
+from shared import cli
+
+SAMPLED = SamplingParams(max_tokens=12, temperature=1.0, seed=11)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # The test machine's cores are shared: one intra-op thread avoids OpenMP contention.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def llm() -> LLMEngine:
+    return build_llm_engine(WorkerConfig(model="tiny", device="cpu", num_kv_blocks=24, max_model_len=256))
+
+
+def chat(request_id: str, text: str, sampling: SamplingParams = SAMPLED) -> GenerationRequest:
+    return GenerationRequest(request_id, "tenant-a", [{"role": "user", "content": text}], sampling)
+
+
+def drain(llm: LLMEngine) -> dict[str, list[StepOutput]]:
+    outputs: dict[str, list[StepOutput]] = {}
+    for _ in range(1000):
+        if not llm.has_unfinished_requests():
+            return outputs
+        for output in llm.step():
+            outputs.setdefault(output.request_id, []).append(output)
+    raise AssertionError("the engine did not finish")
+
+
+def text_of(outputs: list[StepOutput]) -> str:
+    return "".join(o.text for o in outputs)
+
+
+def test_chat_streams_text_and_reports_usage_with_cached_tokens(llm: LLMEngine) -> None:
+    prompt_len = len(llm.tokenizer.apply_chat_template([{"role": "user", "content": "Tell me a story."}]))
+    llm.add_request(chat("a", "Tell me a story."))
+    first = drain(llm)["a"]
+    assert first[-1].finish_reason == "length" and all(not o.finished for o in first[:-1])
+    assert first[-1].usage.prompt_tokens == prompt_len and first[-1].usage.completion_tokens == 12
+    assert first[-1].usage.cached_tokens == 0
+
+    llm.add_request(chat("b", "Tell me a story."))  # the same prompt: every full block is a hit
+    second = drain(llm)["b"]
+    assert second[-1].usage.cached_tokens == (prompt_len - 1) // 16 * 16 > 0
+    assert text_of(second) == text_of(first)  # same seed, same prompt, cached or not
+    assert llm.request_ids() == []
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(max_tokens=0),
+        SamplingParams(max_tokens=-3),
+        SamplingParams(temperature=-0.5),
+        SamplingParams(top_p=0.0),
+        SamplingParams(top_p=1.5),
+    ],
+)
+def test_invalid_sampling_is_rejected(llm: LLMEngine, sampling: SamplingParams) -> None:
+    with pytest.raises(RequestRejected) as info:
+        llm.add_request(chat("x", "hi", sampling))
+    assert info.value.code == "invalid_request"
+    assert not llm.has_unfinished_requests()
+
+
+def test_oversized_prompts_are_rejected_alone(llm: LLMEngine) -> None:
+    llm.add_request(chat("ok", "Hello there."))
+    with pytest.raises(RequestRejected) as too_long:
+        llm.add_prompt("long", list(range(3, 300)), SAMPLED)  # 297 tokens > max_model_len 256
+    assert too_long.value.code == "prompt_too_long" and "256" in too_long.value.message
+    with pytest.raises(RequestRejected) as too_big:
+        # Fits the context, but prompt + max_tokens needs more than the pool's 23 blocks.
+        llm.add_prompt("big", list(range(3, 203)), SamplingParams(max_tokens=200))
+    assert too_big.value.code == "prompt_too_long" and "blocks" in too_big.value.message
+    with pytest.raises(RequestRejected) as empty:
+        llm.add_prompt("empty", [], SAMPLED)
+    assert empty.value.code == "invalid_request"
+    assert llm.request_ids() == ["ok"]
+    assert drain(llm)["ok"][-1].finish_reason == "length"
+
+
+def test_abort_frees_blocks_now_and_reports_cancelled(llm: LLMEngine) -> None:
+    pool = llm.engine.kv_cache_manager.block_pool
+    llm.add_request(chat("a", "First question, quite a long one, to hold a few blocks of cache."))
+    llm.add_request(chat("b", "Second."))
+    llm.step()
+    free_before = pool.num_free_blocks
+    final = llm.abort_request("a")
+    assert final.finish_reason == "cancelled" and final.usage.completion_tokens == 1
+    assert pool.num_free_blocks > free_before  # before any further step
+    assert llm.abort_request("a") is None and llm.request_ids() == ["b"]
+    outputs = drain(llm)
+    assert list(outputs) == ["b"] and outputs["b"][-1].finish_reason == "length"
+
+
+def test_stop_string_ends_the_text_and_the_request(llm: LLMEngine) -> None:
+    llm.add_request(chat("full", "Say something."))
+    full = text_of(drain(llm)["full"])
+    cut = len(full) // 2
+    stop = full[cut : cut + 3]
+    cut = full.find(stop)  # the first place the stop string shows up
+    assert len(stop) == 3 and 0 < cut
+
+    llm.add_request(chat("stopped", "Say something.", SamplingParams(max_tokens=12, temperature=1.0, seed=11, stop=(stop,))))
+    outputs = drain(llm)["stopped"]
+    assert text_of(outputs) == full[:cut]
+    assert outputs[-1].finish_reason == "stop" and outputs[-1].usage.completion_tokens < 12
+    pool = llm.engine.kv_cache_manager.block_pool
+    assert not llm.has_unfinished_requests() and pool.num_free_blocks == pool.num_usable_blocks
+
+
+class FaultyRunner(ModelRunner):
+    def run(self, out: SchedulerOutput) -> dict[str, int]:
+        if any(chunk.request_id == "bad" for chunk in out.chunks):
+            raise RuntimeError("injected fault")
+        return super().run(out)
+
+
+def test_engine_error_reaches_only_its_request(llm: LLMEngine) -> None:
+    engine = Engine(llm.engine.runner.model, EngineConfig(num_kv_blocks=24, max_model_len=256), runner_cls=FaultyRunner)
+    faulty = LLMEngine(engine, llm.tokenizer)
+    for request_id in ("good1", "bad", "good2"):
+        faulty.add_request(chat(request_id, f"Question {request_id}"))
+    outputs = drain(faulty)
+    assert outputs["bad"][-1].error_code == "engine_error" and outputs["bad"][-1].finished
+    assert outputs["good1"][-1].finish_reason == outputs["good2"][-1].finish_reason == "length"
+
+
+def test_smollm2_streams_whole_characters() -> None:
+    llm = build_llm_engine(WorkerConfig(model="smollm2", device="cpu", num_kv_blocks=32))
+    ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": "Write the word 'cat' in Chinese characters."}])
+    request = llm.add_prompt("zh", ids, SamplingParams(max_tokens=10, temperature=0.0))
+    pieces = [o.text for o in drain(llm)["zh"]]
+    # Some of these tokens are lone bytes of a character: the stream must hold them back.
+    assert any("\ufffd" in llm.tokenizer.decode([t]) for t in request.output_token_ids)
+    assert all("\ufffd" not in piece for piece in pieces)
+    assert "".join(pieces) == llm.tokenizer.decode(request.output_token_ids)
+
+
+def test_generate_command_prints_json_per_prompt(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", "--model", "tiny", "--device", "cpu", "--num-kv-blocks", "64", "--raw", "--json",
+            "--max-tokens", "5", "--prompt", "Once upon a time", "--prompt", "The sky is"]
+    assert cli.main(argv) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["prompt"] for r in records] == ["Once upon a time", "The sky is"]
+    assert all(len(r["token_ids"]) == 5 and isinstance(r["text"], str) for r in records)
+    assert records[0]["token_ids"] != records[1]["token_ids"]
