@@ -220,16 +220,13 @@ class ScriptedService:
         self._refusal = refusal
         self._script = script
         self.closed_unfinished: list[list[str]] = []
-        self.cancelled: list[str] = []
 
     def open_connection(self, conn: Connection) -> None:
         pass
 
-    async def close_connection(self, conn: Connection) -> None:
+    async def close_connection(self, conn: Connection, grace: bool = True) -> None:
+        assert not grace, "an HTTP client cannot resume, so nothing may wait for it"
         self.closed_unfinished.append(conn.request_ids())
-
-    async def cancel_chat(self, conn: Connection, chat_id: str) -> None:
-        self.cancelled.append(chat_id)
 
     async def start_chat(self, conn: Connection, frame: ChatFrame) -> None:
         if self._refusal is not None:

@@ -31,7 +31,7 @@ def one_thread():
 
 @pytest.fixture
 def llm() -> LLMEngine:
-    return build_llm_engine(WorkerConfig(model="tiny", device="cpu", num_kv_blocks=24, max_model_len=256))
+    return build_llm_engine(WorkerConfig(model="tiny", device="cpu", num_kv_blocks=24, max_model_len=512))
 
 
 def chat(request_id: str, text: str, sampling: SamplingParams = SAMPLED) -> GenerationRequest:
@@ -87,11 +87,11 @@ def test_invalid_sampling_is_rejected(llm: LLMEngine, sampling: SamplingParams) 
 def test_oversized_prompts_are_rejected_alone(llm: LLMEngine) -> None:
     llm.add_request(chat("ok", "Hello there."))
     with pytest.raises(RequestRejected) as too_long:
-        llm.add_prompt("long", list(range(3, 300)), SAMPLED)  # 297 tokens > max_model_len 256
-    assert too_long.value.code == "prompt_too_long" and "256" in too_long.value.message
+        llm.add_prompt("long", list(range(3, 600)), SAMPLED)  # 597 tokens > max_model_len 512
+    assert too_long.value.code == "prompt_too_long" and "512" in too_long.value.message
     with pytest.raises(RequestRejected) as too_big:
-        # Fits the context, but prompt + max_tokens needs more than the pool's 23 blocks.
-        llm.add_prompt("big", list(range(3, 203)), SamplingParams(max_tokens=200))
+        # Fits the context, but needs more KV than the pool's 23 blocks (368 tokens) hold.
+        llm.add_prompt("big", list(range(3, 403)), SamplingParams(max_tokens=8))
     assert too_big.value.code == "prompt_too_long" and "blocks" in too_big.value.message
     with pytest.raises(RequestRejected) as empty:
         llm.add_prompt("empty", [], SAMPLED)
@@ -138,7 +138,7 @@ class FaultyRunner(ModelRunner):
 
 
 def test_engine_error_reaches_only_its_request(llm: LLMEngine) -> None:
-    engine = Engine(llm.engine.runner.model, EngineConfig(num_kv_blocks=24, max_model_len=256), runner_cls=FaultyRunner)
+    engine = Engine(llm.engine.runner.model, EngineConfig(num_kv_blocks=24, max_model_len=512), runner_cls=FaultyRunner)
     faulty = LLMEngine(engine, llm.tokenizer)
     for request_id in ("good1", "bad", "good2"):
         faulty.add_request(chat(request_id, f"Question {request_id}"))
@@ -151,11 +151,14 @@ def test_smollm2_streams_whole_characters() -> None:
     llm = build_llm_engine(WorkerConfig(model="smollm2", device="cpu", num_kv_blocks=32))
     ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": "Write the word 'cat' in Chinese characters."}])
     request = llm.add_prompt("zh", ids, SamplingParams(max_tokens=10, temperature=0.0))
-    pieces = [o.text for o in drain(llm)["zh"]]
+    outputs = drain(llm)["zh"]
     # Some of these tokens are lone bytes of a character: the stream must hold them back.
     assert any("\ufffd" in llm.tokenizer.decode([t]) for t in request.output_token_ids)
-    assert all("\ufffd" not in piece for piece in pieces)
-    assert "".join(pieces) == llm.tokenizer.decode(request.output_token_ids)
+    streamed = [o.text for o in outputs if not o.finished]
+    assert streamed and all("\ufffd" not in piece for piece in streamed)
+    assert len(streamed) < request.num_output_tokens - 1  # tokens that completed no character
+    # Only the final flush may show an unfinished character (as U+FFFD), as decode does.
+    assert "".join(o.text for o in outputs) == llm.tokenizer.decode(request.output_token_ids)
 
 
 def test_generate_command_prints_json_per_prompt(capsys: pytest.CaptureFixture[str]) -> None:
