@@ -38,6 +38,7 @@ from locust import User, events, task
 REQUEST_TYPE = "WS"
 DEFAULT_URL = "ws://127.0.0.1:8080/v1/chat"
 CONNECT_TIMEOUT_S = 10.0
+CONNECT_RETRY_S = 1.0  # after a failed handshake, like a client that backs off instead of hammering
 
 
 @events.init_command_line_parser.add_listener
@@ -131,7 +132,7 @@ class StreamCheck:
             raise ChatFailure(f"error frame {frame.get('code')}: {frame.get('message')} "
                               f"(retryable={frame.get('retryable')})", reconnect=frame_id != self.chat_id)
         if frame_id != self.chat_id:
-            raise ChatFailure(f"{kind} frame for chat {frame_id!r} while {self.chat_id!r} runs", reconnect=True)
+            raise ChatFailure(f"{kind} frame for another chat on this socket (cross-talk)", reconnect=True)
         if kind == "accepted":
             if self.accepted or self.pieces:
                 raise ChatFailure("accepted frame out of place", reconnect=True)
@@ -150,8 +151,9 @@ class StreamCheck:
     def _token(self, frame: dict, at: float) -> list[tuple[str, float]]:
         seq = frame.get("seq")
         if seq != len(self.pieces):
-            what = "repeated" if isinstance(seq, int) and seq < len(self.pieces) else "gap in"
-            raise ChatFailure(f"{what} seq: expected {len(self.pieces)}, got {seq}", reconnect=True)
+            if isinstance(seq, int) and seq < len(self.pieces):
+                raise ChatFailure("repeated seq: a token came twice", reconnect=True)
+            raise ChatFailure("gap in seq: a token went missing", reconnect=True)
         self.pieces.append(frame.get("text", ""))
         name = "ttft" if seq == 0 else "itl"
         elapsed_ms = (at - self.last_token_at) * 1000
@@ -166,17 +168,13 @@ class StreamCheck:
                 raise ChatFailure("done without a token")
             return
         if text != self.expected.text:
-            raise ChatFailure(f"reply differs from the echo: {len(text)} chars, expected "
-                              f"{len(self.expected.text)}; first difference at char {_first_difference(text, self.expected.text)}")
+            if self.expected.text.startswith(text):
+                raise ChatFailure("reply is a truncated echo")
+            raise ChatFailure("reply differs from the echo" + (" (same length)" if len(text) == len(self.expected.text) else ""))
         if frame.get("finish_reason") != self.expected.finish_reason:
             raise ChatFailure(f"finish_reason {frame.get('finish_reason')!r}, expected {self.expected.finish_reason!r}")
-        completion = (frame.get("usage") or {}).get("completion_tokens")
-        if completion != len(self.pieces):
-            raise ChatFailure(f"usage.completion_tokens {completion} but {len(self.pieces)} tokens arrived")
-
-
-def _first_difference(a: str, b: str) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        if (frame.get("usage") or {}).get("completion_tokens") != len(self.pieces):
+            raise ChatFailure("usage.completion_tokens differs from the tokens that arrived")
 
 
 class ChatUser(User):
@@ -205,6 +203,7 @@ class ChatUser(User):
     @task
     def chat(self) -> None:
         if self.ws is None and not self.connect():
+            time.sleep(CONNECT_RETRY_S)  # gevent's sleep: Locust has patched the standard library
             return
         chat_id = f"c{next(self.chats)}"
         words = [f"u{self.number}{chat_id}w{i}" for i in range(random.randint(*self.settings.prompt_words))]
@@ -266,14 +265,15 @@ class ChatUser(User):
     def _receive(self, deadline: float, tokens_so_far: int) -> tuple[dict, float]:
         """The next text frame as JSON, with its arrival time."""
         remaining = deadline - time.perf_counter()
+        timeout = ChatFailure(f"timeout: no done within {self.settings.chat_timeout_s:g} s, "
+                              + ("mid-stream" if tokens_so_far else "before the first token"), reconnect=True)
         if remaining <= 0:
-            raise ChatFailure(f"timeout: no done within {self.settings.chat_timeout_s:g} s", reconnect=True)
+            raise timeout
         self.ws.settimeout(remaining)
         try:
             opcode, payload = self.ws.recv_data()
         except websocket.WebSocketTimeoutException as exc:
-            raise ChatFailure(f"timeout: no done within {self.settings.chat_timeout_s:g} s "
-                              f"({tokens_so_far} tokens arrived)", reconnect=True) from exc
+            raise timeout from exc
         except (OSError, websocket.WebSocketException) as exc:
             raise ChatFailure(f"socket dropped mid-chat: {type(exc).__name__}", reconnect=True) from exc
         at = time.perf_counter()

@@ -42,7 +42,7 @@ class ChatResult:
 class ChatSocket:
     def __init__(self, ws: ClientConnection) -> None:
         self.ws = ws
-        self._queues: dict[str | None, asyncio.Queue[dict[str, Any]]] = defaultdict(asyncio.Queue)
+        self._queues: dict[str | None, asyncio.Queue[tuple[dict[str, Any], float]]] = defaultdict(asyncio.Queue)
         self._reader = asyncio.create_task(self._read())
         self.close_code: int | None = None
 
@@ -56,14 +56,13 @@ class ChatSocket:
         try:
             async for text in self.ws:
                 frame = json.loads(text)
-                frame["_t"] = time.perf_counter()
-                self._queues[frame.get("id")].put_nowait(frame)
+                self._queues[frame.get("id")].put_nowait((frame, time.perf_counter()))
         except ConnectionClosed:
             pass
         finally:
             self.close_code = self.ws.close_code
             for queue in list(self._queues.values()):
-                queue.put_nowait({"type": "closed", "_t": time.perf_counter()})
+                queue.put_nowait(({"type": "closed"}, time.perf_counter()))
 
     async def send(self, frame: dict[str, Any] | str) -> None:
         await self.ws.send(frame if isinstance(frame, str) else json.dumps(frame))
@@ -72,15 +71,16 @@ class ChatSocket:
         await self.send({"type": "chat", "id": chat_id, "messages": [{"role": "user", "content": text}], **params})
 
     async def next_frame(self, chat_id: str | None, timeout: float = 30.0) -> dict[str, Any]:
-        return await asyncio.wait_for(self._queues[chat_id].get(), timeout)
+        frame, _ = await asyncio.wait_for(self._queues[chat_id].get(), timeout)
+        return frame
 
     async def collect(self, chat_id: str, timeout: float = 60.0) -> ChatResult:
         """Frames of one chat up to and including its `done` or `error` (or the socket closing)."""
         result = ChatResult()
         deadline = time.monotonic() + timeout
         while True:
-            frame = await self.next_frame(chat_id, max(0.01, deadline - time.monotonic()))
-            result.arrivals.append(frame.pop("_t"))
+            frame, arrival = await asyncio.wait_for(self._queues[chat_id].get(), max(0.01, deadline - time.monotonic()))
+            result.arrivals.append(arrival)
             result.frames.append(frame)
             if frame["type"] in ("done", "error", "closed"):
                 return result

@@ -220,7 +220,7 @@ async def test_phone_width_and_dark_theme(browser, page_fleet):
         await tab.ask("small screen")
         assert await tab.wait_finished(tab.reply()) == "small screen"
         assert tab.errors == []
-        await page.screenshot(path="/tmp/phone-dark.png")
+        await page.set_viewport_size({"width": 360, "height": 740}); await page.screenshot(path="/tmp/phone-dark.png")
         await page.get_by_role("button", name="Chats").click()
         await page.wait_for_timeout(400)
         await page.screenshot(path="/tmp/phone-drawer.png")

@@ -5,6 +5,7 @@ repeatable; stop conditions; the padding rows that CUDA graphs rely on."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 
 import pytest
@@ -268,7 +269,7 @@ def test_graph_batch_sizes_cover_every_batch() -> None:
     for max_num_seqs in (1, 3, 8, 20, 100, 256):
         sizes = graph_batch_sizes(max_num_seqs)
         assert sizes == sorted(set(sizes)) and sizes[-1] == max_num_seqs
-        assert all(b - a <= 16 for a, b in zip(sizes, sizes[1:]))
+        assert all(b - a <= 16 for a, b in itertools.pairwise(sizes))
 
 
 def test_mix_seed_spreads_and_fits_a_generator() -> None:

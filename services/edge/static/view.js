@@ -40,6 +40,12 @@ export class ChatView {
     });
     document.getElementById("change-key").addEventListener("click", () => this.actions.changeKey());
     this.toggleSidebar.addEventListener("click", () => this.setSidebarOpen(this.sidebar.dataset.open !== "true"));
+    this.sidebar.addEventListener("keydown", (event) => {
+      if (event.key === "Escape" && this.sidebar.dataset.open === "true") {
+        this.setSidebarOpen(false);
+        this.toggleSidebar.focus();
+      }
+    });
     this.composer.addEventListener("submit", (event) => {
       event.preventDefault();
       const text = this.prompt.value.trim();
@@ -90,7 +96,7 @@ export class ChatView {
 
   setConnection(state) {
     this.connection.dataset.state = state;
-    this.connection.textContent = CONNECTION_TEXT[state] ?? state;
+    this.connection.querySelector(".connection-text").textContent = CONNECTION_TEXT[state] ?? state;
   }
 
   notice(text) {

@@ -134,7 +134,7 @@ class Engine:
         self.num_steps += 1
         try:
             return self.runner.run(out), {}
-        except Exception:  # noqa: BLE001 - one bad request must not fail the whole batch
+        except Exception:  # any failure: one bad request must not fail the whole batch
             if len(out.chunks) <= 1:
                 log.exception("step failed for %s", [c.request_id for c in out.chunks])
                 return {}, {c.request_id: "the engine failed while running this request" for c in out.chunks}
@@ -151,8 +151,8 @@ class Engine:
             single = SchedulerOutput(chunks=[chunk], num_scheduled_tokens=chunk.num_tokens)
             try:
                 sampled.update(self.runner.run(single))
-            except Exception as exc:  # noqa: BLE001 - this request is the culprit: it fails alone
-                log.warning("request %s failed: %s: %s", chunk.request_id, type(exc).__name__, exc)
+            except Exception:  # this request is the culprit: it fails alone
+                log.exception("request %s fails alone", chunk.request_id)
                 failed[chunk.request_id] = "the engine failed while running this request"
         return sampled, failed
 

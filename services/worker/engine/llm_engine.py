@@ -16,7 +16,12 @@ from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.tokenizer import Tokenizer
 from services.worker.engine.weights import load_model
-from services.worker.generation import GenerationRequest, RequestRejected, StepOutput, Usage
+from services.worker.generation import (
+    GenerationRequest,
+    RequestRejected,
+    StepOutput,
+    Usage,
+)
 
 log = logging.getLogger(__name__)
 

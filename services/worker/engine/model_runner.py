@@ -15,7 +15,11 @@ from services.worker.engine.attention import AttentionMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
 from services.worker.engine.cuda_graphs import CudaGraphRunner
 from services.worker.engine.kv_cache_manager import cdiv
-from services.worker.engine.model import LlamaModel, allocate_kv_cache, kv_bytes_per_block
+from services.worker.engine.model import (
+    LlamaModel,
+    allocate_kv_cache,
+    kv_bytes_per_block,
+)
 from services.worker.engine.sampler import Sampler, make_generator
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduler import SchedulerOutput

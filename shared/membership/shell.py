@@ -1,0 +1,216 @@
+"""Membership: the asyncio shell services use; it binds a transport, drives a Node on a clock and fans out events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+from typing import Callable, Iterable, Sequence
+
+from shared.membership.config import MembershipConfig
+from shared.membership.member import GONE, Address, MemberEvent, MemberView, Status
+from shared.membership.node import Node, Outgoing
+from shared.membership.transport import Transport, TransportFactory, UdpTransport
+
+log = logging.getLogger(__name__)
+
+# The loop wakes at least this often even when the node has nothing due, so a stuck clock heals.
+MAX_SLEEP = 0.5
+Callback = Callable[[MemberEvent], None]
+
+
+class Membership:
+    """One process's membership: start(seeds) / stop(), set_load / set_addresses, members / alive, events."""
+
+    def __init__(
+        self, config: MembershipConfig, member_id: str, role: str,
+        addresses: dict[str, str] | None = None, load: dict[str, int | float] | None = None, *,
+        transport_factory: TransportFactory | None = None, clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not config.secret:
+            raise ValueError("membership needs a shared secret (MembershipConfig.secret)")
+        self.config = config
+        self.id = member_id
+        self.role = role
+        self._addresses = dict(addresses or {})
+        self._load = dict(load or {})
+        self._factory = transport_factory or UdpTransport.open
+        self._clock = clock
+        self._rng = rng
+        self._node: Node | None = None
+        self._transport: Transport | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._sleep_until = 0.0
+        self._has_peers = asyncio.Event()
+        self._queues: list[tuple[asyncio.Queue[MemberEvent], bool]] = []
+        self._callbacks: list[Callback] = []
+        self.events_dropped = 0
+
+    # --- lifecycle -------------------------------------------------------------
+    async def start(self, seeds: Sequence[Address] = ()) -> int:
+        """Bind, join through the seeds and wait (up to join_timeout) to hear from one; returns members known.
+
+        Unreachable seeds are not an error: the node keeps re-contacting them while alone.
+        """
+        if self._task is not None:
+            raise RuntimeError("membership already started")
+        self._transport = await self._factory(self.config.bind_host, self.config.bind_port, self._on_datagram)
+        bound_host, port = self._transport.address
+        address = (self.config.advertise_host or bound_host, port)
+        self._node = Node(
+            self.config, self.id, self.role, address, addresses=self._addresses, load=self._load,
+            pid=os.getpid(), rng=self._rng, now=self._clock(),
+        )
+        self._deliver(self._node.join(list(seeds), self._clock()))
+        self._task = asyncio.create_task(self._run(), name=f"membership-{self.id}")
+        if seeds:
+            try:
+                await asyncio.wait_for(self._has_peers.wait(), self.config.join_timeout)
+            except TimeoutError:
+                log.warning("membership %s: no seed answered within %.1fs; still trying", self.id, self.config.join_timeout)
+        return len(self._node.members())
+
+    async def stop(self) -> None:
+        """Announce `left`, let it spread (up to leave_timeout), then close."""
+        if self._node is None or self._task is None:
+            return
+        self._deliver(self._node.leave(self._clock()))
+        self._wake.set()
+        deadline = time.monotonic() + self.config.leave_timeout
+        while self._node.broadcasts.pending(self.id) is not None and time.monotonic() < deadline:
+            await asyncio.sleep(self.config.gossip_interval / 2)
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop at once without a word, as a crash would look to the others."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._transport is not None:
+            await self._transport.close()
+            self._transport = None
+
+    async def __aenter__(self) -> Membership:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # --- what services change --------------------------------------------------
+    def set_load(self, load: dict[str, int | float]) -> None:
+        """Publish new load figures (coalesced to one update per meta_min_interval)."""
+        self._load = dict(load)
+        if self._node is not None:
+            self._deliver(self._node.set_meta(self._clock(), load=self._load))
+            self._wake.set()
+
+    def set_addresses(self, addresses: dict[str, str]) -> None:
+        self._addresses = dict(addresses)
+        if self._node is not None:
+            self._deliver(self._node.set_meta(self._clock(), addresses=self._addresses))
+            self._wake.set()
+
+    # --- what services read ----------------------------------------------------
+    @property
+    def address(self) -> Address:
+        if self._node is None:
+            raise RuntimeError("membership not started")
+        return self._node.address
+
+    @property
+    def node(self) -> Node:
+        if self._node is None:
+            raise RuntimeError("membership not started")
+        return self._node
+
+    def members(self) -> list[MemberView]:
+        return self._node.members() if self._node else []
+
+    def member(self, member_id: str) -> MemberView | None:
+        return self._node.member(member_id) if self._node else None
+
+    def alive(self, role: str | None = None) -> list[MemberView]:
+        """Members currently alive (suspects excluded), optionally of one role."""
+        return [m for m in self.members() if m.status is Status.ALIVE and (role is None or m.role == role)]
+
+    def snapshot(self) -> list[dict]:
+        return [m.to_dict() for m in sorted(self.members(), key=lambda m: (m.role, m.id))]
+
+    def drops(self) -> dict[str, int]:
+        return {str(reason): n for reason, n in self._node.drops.items()} if self._node else {}
+
+    def subscribe(self, maxsize: int = 1024, include_updates: bool = False) -> asyncio.Queue[MemberEvent]:
+        """A queue of status changes (and, if asked, address/load updates). A full queue drops new events."""
+        queue: asyncio.Queue[MemberEvent] = asyncio.Queue(maxsize)
+        self._queues.append((queue, include_updates))
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[MemberEvent]) -> None:
+        self._queues = [(q, u) for q, u in self._queues if q is not queue]
+
+    def on_change(self, callback: Callback) -> Callable[[], None]:
+        """Call callback(event) on each status change, from the event loop; returns an unregister function."""
+        self._callbacks.append(callback)
+        return lambda: self._callbacks.remove(callback) if callback in self._callbacks else None
+
+    # --- plumbing --------------------------------------------------------------
+    async def _run(self) -> None:
+        node = self._node
+        assert node is not None
+        while True:
+            now = self._clock()
+            delay = min(max(node.next_deadline() - now, 0.0), MAX_SLEEP)
+            self._sleep_until = now + delay
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            try:
+                self._deliver(node.on_tick(self._clock()))
+            except Exception:
+                # A fault in one tick must not end membership for the whole process.
+                log.exception("membership %s: tick failed", self.id)
+                await asyncio.sleep(self.config.probe_interval)
+
+    def _on_datagram(self, data: bytes, source: Address) -> None:
+        node = self._node
+        if node is None or self._task is None:
+            return
+        try:
+            self._deliver(node.on_packet(data, source, self._clock()))
+        except Exception:
+            log.exception("membership %s: packet from %s failed", self.id, source)
+            return
+        if node.next_deadline() < self._sleep_until:
+            self._wake.set()
+
+    def _deliver(self, out: Iterable[Outgoing]) -> None:
+        if self._transport is not None:
+            for item in out:
+                self._transport.send(item.address, item.data)
+        if self._node is not None:
+            self._dispatch(self._node.drain_events())
+
+    def _dispatch(self, events: list[MemberEvent]) -> None:
+        for event in events:
+            changed = event.old_status != event.new_status
+            if event.new_status not in GONE and event.member.id != self.id:
+                self._has_peers.set()
+            for queue, include_updates in self._queues:
+                if changed or include_updates:
+                    try:
+                        queue.put_nowait(event)
+                    except asyncio.QueueFull:
+                        self.events_dropped += 1
+            if changed:
+                for callback in list(self._callbacks):
+                    try:
+                        callback(event)
+                    except Exception:
+                        log.exception("membership %s: on_change callback failed", self.id)
