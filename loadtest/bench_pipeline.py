@@ -107,7 +107,7 @@ def start_fleet(delay_ms: float) -> tuple[Fleet, Path]:
     log_dir.mkdir(parents=True, exist_ok=True)
     spec = FleetSpec(
         edges=1, workers=1, routers=1, model="echo", echo_delay_ms=delay_ms,
-        base_port=28080, base_internal_port=29180, extra_env={"DRIVETRAIN_TOPIC_PREFIX": layout.prefix},
+        base_port=28080, base_internal_port=29180, base_gossip_port=30280, extra_env={"DRIVETRAIN_TOPIC_PREFIX": layout.prefix},
     )
     fleet = Fleet(spec, log_dir=log_dir, echo_logs=False)
     fleet.start()

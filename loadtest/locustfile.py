@@ -32,8 +32,10 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
+import gevent
 import websocket
 from locust import User, events, task
+from locust.stats import CSV_STATS_INTERVAL_SEC
 
 REQUEST_TYPE = "WS"
 DEFAULT_URL = "ws://127.0.0.1:8080/v1/chat"
@@ -59,6 +61,18 @@ def add_arguments(parser) -> None:
                        help="present the API key as ?api_key= instead of an Authorization header")
     group.add_argument("--no-echo-check", action="store_true", env_var="DRIVETRAIN_LOAD_NO_ECHO_CHECK",
                        help="the model is not echo: check the protocol, not the reply's text")
+
+
+@events.init.add_listener
+def on_init(environment, **_) -> None:
+    options = environment.parsed_options
+    if options is None:
+        return
+    LoadSettings.from_options(options)  # bad settings stop Locust now, not every user later
+    if getattr(options, "csv_prefix", None):
+        # Locust rewrites its CSV files once a second; one more turn after the run makes
+        # them hold the final figures, the same as the printed summary and HTML report.
+        environment.events.quit.add_listener(lambda **_: gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.2))
 
 
 class ChatFailure(Exception):
@@ -102,14 +116,13 @@ class Expected:
     """What the echo model must answer: the prompt's first max_tokens pieces."""
 
     text: str
-    tokens: int
     finish_reason: str
 
 
 def echo_expectation(words: list[str], max_tokens: int) -> Expected:
     pieces = [w + " " for w in words[:-1]] + words[-1:]
     kept = pieces[:max_tokens]
-    return Expected("".join(kept), len(kept), "stop" if len(pieces) <= max_tokens else "length")
+    return Expected("".join(kept), "stop" if len(pieces) <= max_tokens else "length")
 
 
 class StreamCheck:
@@ -265,15 +278,15 @@ class ChatUser(User):
     def _receive(self, deadline: float, tokens_so_far: int) -> tuple[dict, float]:
         """The next text frame as JSON, with its arrival time."""
         remaining = deadline - time.perf_counter()
-        timeout = ChatFailure(f"timeout: no done within {self.settings.chat_timeout_s:g} s, "
-                              + ("mid-stream" if tokens_so_far else "before the first token"), reconnect=True)
-        if remaining <= 0:
-            raise timeout
-        self.ws.settimeout(remaining)
         try:
+            if remaining <= 0:
+                raise websocket.WebSocketTimeoutException("chat deadline passed")
+            self.ws.settimeout(remaining)
             opcode, payload = self.ws.recv_data()
         except websocket.WebSocketTimeoutException as exc:
-            raise timeout from exc
+            where = "mid-stream" if tokens_so_far else "before the first token"
+            raise ChatFailure(f"timeout: no done within {self.settings.chat_timeout_s:g} s, {where}",
+                              reconnect=True) from exc
         except (OSError, websocket.WebSocketException) as exc:
             raise ChatFailure(f"socket dropped mid-chat: {type(exc).__name__}", reconnect=True) from exc
         at = time.perf_counter()

@@ -17,19 +17,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import json
+import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from aiokafka.errors import KafkaError
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from shared.launcher import Fleet, FleetSpec  # noqa: E402
-from shared.topics import TopicLayout  # noqa: E402
+from shared.launcher import Fleet, FleetSpec
+from shared.topics import TopicLayout
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -64,6 +69,29 @@ def edge_answers(url: str) -> bool:
             return response.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+def served_model(url: str, api_key: str) -> str | None:
+    """The model a running edge serves (its /v1/models), or None if it does not say."""
+    parts = urlsplit(url)
+    request = urllib.request.Request(f"http://{parts.hostname}:{parts.port or 80}/v1/models",
+                                     headers={"Authorization": f"Bearer {api_key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=2.0) as response:
+            return json.load(response)["data"][0]["id"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+def first_api_key(extra: list[str]) -> str:
+    """The key the locustfile's first user will present (--api-keys, its variable, or dev-key)."""
+    keys = os.environ.get("DRIVETRAIN_LOAD_API_KEYS", "dev-key")
+    for i, arg in enumerate(extra):
+        if arg == "--api-keys" and i + 1 < len(extra):
+            keys = extra[i + 1]
+        elif arg.startswith("--api-keys="):
+            keys = arg.partition("=")[2]
+    return keys.split(",")[0].strip()
 
 
 class LocalStack:
@@ -109,7 +137,7 @@ class LocalStack:
             return
         try:
             asyncio.run(self._topics(create=False))
-        except Exception as exc:  # leftover topics are harmless; say so and go on
+        except (KafkaError, OSError, TimeoutError) as exc:  # leftover topics are harmless; say so and go on
             print(f"could not delete topics {self.layout.prefix}.*: {exc!r}", file=sys.stderr)
         if self.started_infra:
             from shared.infra.command import COMPONENTS, down
@@ -186,13 +214,13 @@ def plot(prefix: str, path: Path, title: str) -> None:
     series.set_xlabel("s since start")
     series.set_ylabel("ms (last 10 s)")
     series.set_title("over time")
-    if series.get_lines():
-        series.legend(loc="upper left", fontsize=8)
     if users:
         twin = series.twinx()
         twin.plot(*zip(*users), "k:", label="users")
         twin.set_ylabel("users")
-        twin.legend(loc="upper right", fontsize=8)
+        series.plot([], [], "k:", label="users")  # listed in the one legend below
+    if series.get_lines():
+        series.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=5, fontsize=8, frameon=False)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -211,13 +239,20 @@ def main(argv: list[str] | None = None) -> int:
         if not any(edge_answers(u) for u in urls):
             stack = LocalStack(args, urlsplit(urls[0]).port or 80)
             host = stack.start()
+        elif "--no-echo-check" not in extra:
+            model = served_model(urls[0], first_api_key(extra))
+            if model not in (None, "echo"):
+                print(f"{urls[0]} serves {model}, not echo: checking the protocol, not the replies' text")
+                extra = [*extra, "--no-echo-check"]
         command = locust_command(args, host, extra)
         print("$ " + " ".join(command[1:]), flush=True)
-        rc = subprocess.run(command, cwd=ROOT).returncode
+        started = time.time()
+        rc = subprocess.run(command, cwd=ROOT, check=False).returncode
     finally:
         if stack is not None:
             stack.stop()
-    if Path(f"{args.csv}_stats.csv").exists():
+    stats_csv = Path(f"{args.csv}_stats.csv")
+    if stats_csv.exists() and stats_csv.stat().st_mtime >= started:  # not a previous run's
         print("\n".join(summary_lines(read_stats(args.csv))), flush=True)
         if args.plot:
             title = f"chat load: {args.users} users, {args.run_time}" + (

@@ -42,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--workers", type=int, default=1)
     up.add_argument("--routers", type=int, default=1)
 
+    members = sub.add_parser("members", help="the fleet as one member sees it (SWIM gossip)")
+    members.add_argument("--address", default="127.0.0.1:7946", help="gossip address of any member")
+    members.add_argument("--cluster", default="drivetrain", help="cluster name (the fleet's topic prefix)")
+    members.add_argument("--profile", default="local", help="gossip profile: local | lan")
+    members.add_argument("--secret", default="", help="gossip key (default: the profile's)")
+    members.add_argument("--json", action="store_true", help="JSON instead of a table")
+
     chat = sub.add_parser("chat", help="send one chat and stream the reply")
     chat.add_argument("text")
     chat.add_argument("--url", default="ws://127.0.0.1:8080/v1/chat")
@@ -69,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "up":
         return _up(args)
+    if args.command == "members":
+        return _members(args)
     if args.command == "chat":
         from shared.chat_client import stream_chat
 
@@ -78,6 +87,22 @@ def main(argv: list[str] | None = None) -> int:
 
         return generate.run(args)
     return 2
+
+
+def _members(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from shared.config import parse_address
+    from shared.membership import members_json, members_table, profile, query_members
+
+    overrides = {"cluster_name": args.cluster, **({"secret": args.secret} if args.secret else {})}
+    try:
+        rows = asyncio.run(query_members(parse_address(args.address), profile(args.profile, **overrides)))
+    except TimeoutError as exc:
+        print(f"{exc} (is a member listening there, with this cluster name and key?)", file=sys.stderr)
+        return 1
+    print(members_json(rows) if args.json else members_table(rows))
+    return 0
 
 
 def _interrupt(*_: object) -> None:

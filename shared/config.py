@@ -25,6 +25,10 @@ PROFILES: dict[str, dict[str, Any]] = {
         "redis_nodes": "redis-0:7000,redis-1:7000,redis-2:7000",
         "host": "0.0.0.0",
         "internal_host": "0.0.0.0",
+        "gossip_profile": "lan",
+        "gossip_host": "0.0.0.0",
+        "gossip_port": 7946,
+        "gossip_seeds": "edge-0:7946",
     },
 }
 
@@ -43,6 +47,11 @@ class CommonConfig:
     redis_nodes: str = doc("Redis Cluster startup nodes, host:port[,host:port]", "127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002")
     topic_prefix: str = doc("prefix of the Kafka topic names (tests use their own)", "drivetrain")
     log_level: str = doc("logging level", "INFO")
+    gossip_profile: str = doc("membership timing profile: local | lan", "local")
+    gossip_host: str = doc("address the gossip (SWIM, UDP) socket binds to", "127.0.0.1")
+    gossip_port: int = doc("gossip port; 0 picks a free one", 0)
+    gossip_seeds: str = doc("members to join through, host:port[,host:port]", "127.0.0.1:7946")
+    gossip_secret: str = doc("shared key that signs gossip packets (empty: the profile's)", "")
 
     @property
     def topics(self) -> TopicLayout:
@@ -50,6 +59,9 @@ class CommonConfig:
 
     def redis_startup_nodes(self) -> list[tuple[str, int]]:
         return [parse_address(a) for a in self.redis_nodes.split(",") if a]
+
+    def gossip_seed_addresses(self) -> list[tuple[str, int]]:
+        return [parse_address(a) for a in self.gossip_seeds.split(",") if a]
 
 
 def parse_address(text: str) -> tuple[str, int]:

@@ -46,7 +46,7 @@ def make_consumer(
         enable_auto_commit=False,
         auto_offset_reset=auto_offset_reset,
         fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
-        session_timeout_ms=10_000,
+        session_timeout_ms=6_000,  # the broker's minimum: a dead consumer's partitions move on sooner
         heartbeat_interval_ms=1_000,
         max_poll_records=1_000,
     )

@@ -30,14 +30,15 @@ class FleetSpec:
     echo_delay_ms: float = 0.0
     base_port: int = 8080
     base_internal_port: int = 9180
+    base_gossip_port: int = 7946  # edge i gossips on this + i; the edges are everyone's seeds
     extra_env: dict[str, str] = field(default_factory=dict)
     worker_args: tuple[str, ...] = ()
 
     def edge_ids(self) -> list[str]:
         return [f"edge-{i}" for i in range(self.edges)]
 
-    def edge_peers(self) -> str:
-        return ",".join(f"edge-{i}=127.0.0.1:{self.base_internal_port + i}" for i in range(self.edges))
+    def gossip_seeds(self) -> str:
+        return ",".join(f"127.0.0.1:{self.base_gossip_port + i}" for i in range(self.edges))
 
     def chat_url(self, edge: int = 0) -> str:
         return f"ws://127.0.0.1:{self.base_port + edge}/v1/chat"
@@ -62,7 +63,7 @@ class Fleet:
         for i in range(self.spec.edges):
             self.start_edge(i)
         for i in range(self.spec.routers):
-            self.start_child(f"router-{i}", "router", "--router-id", f"router-{i}", "--edges", self.spec.edge_peers())
+            self.start_child(f"router-{i}", "router", "--router-id", f"router-{i}")
         for i in range(self.spec.workers):
             self.start_worker(i)
         self.wait_ready(ready_timeout_s)
@@ -71,6 +72,7 @@ class Fleet:
         self.start_child(
             f"edge-{i}", "edge", "--edge-id", f"edge-{i}", "--port", str(self.spec.base_port + i),
             "--internal-port", str(self.spec.base_internal_port + i), "--model", self.spec.model,
+            "--gossip-port", str(self.spec.base_gossip_port + i),
         )
 
     def start_worker(self, i: int) -> None:
@@ -80,7 +82,7 @@ class Fleet:
         self.start_child(f"worker-{i}", "worker", *args, *self.spec.worker_args)
 
     def start_child(self, name: str, command: str, *args: str) -> Child:
-        env = {**os.environ, **self.spec.extra_env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "DRIVETRAIN_GOSSIP_SEEDS": self.spec.gossip_seeds(), **self.spec.extra_env, "PYTHONUNBUFFERED": "1"}
         argv = [sys.executable, "-m", "shared.cli", command, *args]
         process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         child = Child(name, process)

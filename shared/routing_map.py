@@ -29,6 +29,12 @@ def route_key(request_id: str) -> str:
     return f"route:{{{request_id}}}"
 
 
+def claim_key(request_id: str) -> str:
+    # Apart from the route, which the edge deletes when the stream ends: the claim must
+    # outlive it, for as long as Kafka might hand the request to another worker.
+    return f"claim:{{{request_id}}}"
+
+
 def token_digest(resume_token: str) -> str:
     return hashlib.sha256(resume_token.encode()).hexdigest()
 
@@ -75,11 +81,11 @@ class RoutingMap:
         """Record which worker started each request (request id -> worker id)."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for request_id, worker_id in owners.items():
-                pipe.hset(route_key(request_id), "worker", worker_id)
+                pipe.set(claim_key(request_id), worker_id, ex=ROUTE_TTL_S)
             await pipe.execute()
 
     async def owner(self, request_id: str) -> str | None:
-        return await self._redis.hget(route_key(request_id), "worker")
+        return await self._redis.get(claim_key(request_id))
 
     async def delete(self, request_id: str) -> None:
         self._cache.pop(request_id, None)

@@ -13,6 +13,7 @@ from services.edge.app import build_app
 from services.edge.config import EdgeConfig
 from services.edge.prompt_limit import prompt_limit_for
 from services.edge.service import EdgeService
+from shared.fleet_membership import advertised_host, join_fleet, on_departure, publish_load
 from shared.kafka_clients import make_producer
 from shared.redis_client import make_cluster
 from shared.runtime import run_until_signalled, setup_logging
@@ -48,8 +49,12 @@ async def serve_edge(config: EdgeConfig) -> None:
             timeout_graceful_shutdown=2,
         )
     )
+    addresses = {"internal": f"{advertised_host(config.internal_host)}:{config.internal_port}"}
+    membership = await join_fleet(config, config.edge_id, "edge", addresses, service.load())
+    on_departure(membership, "worker", service.fail_worker)
     serving = asyncio.create_task(server.serve())
     watchdog = asyncio.create_task(service.run_watchdog())
+    loading = asyncio.create_task(publish_load(membership, service.load))
     log.info(
         "edge %s ready: ws://%s:%d/v1/chat, routers at %s:%d",
         config.edge_id, config.host, config.port, config.internal_host, config.internal_port,
@@ -58,10 +63,12 @@ async def serve_edge(config: EdgeConfig) -> None:
         await asyncio.shield(serving)
     finally:
         watchdog.cancel()
+        loading.cancel()
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await serving
         internal.close()
+        await membership.stop()
         await service.aclose()
         await producer.stop()
         await redis.aclose()

@@ -16,7 +16,7 @@ import secrets
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -24,7 +24,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from services.edge.config import EdgeConfig
-from services.edge.connection import Chat, Connection
+from services.edge.connection import Connection
 from services.edge.deadlines import Deadlines, overdue
 from services.edge.prompt_limit import PromptLimit
 from services.edge.protocol import (
@@ -152,18 +152,30 @@ class EdgeService:
             await self._producer.send_and_wait(self.topics.control, wire.encode(wire.Cancel(request_ids, epoch)))
 
     # Liveness ----------------------------------------------------------------------------
-    def fail_worker(self, worker_id: str) -> int:
-        """A worker was declared dead: every stream it had started ends now, retryable."""
-        message = f"worker {worker_id} was lost mid-stream; retry the request"
-        return self._fail_where(lambda chat: chat.owner == worker_id, "worker_lost", message)
+    def load(self) -> dict[str, int]:
+        return {"connections": len(self._connections), "chats": sum(c.num_chats() for c in self._connections.values())}
 
-    def _fail_where(self, match: Callable[[Chat], bool], code: str, message: str) -> int:
+    def fail_worker(self, worker_id: str) -> int:
+        """A worker is gone: every stream it had started ends now, and none hangs.
+
+        A stream that had already produced tokens survived at least one step: the
+        client may retry it (`worker_lost`). One that died in its first step is a
+        suspect: it may be what took the worker down, so it is quarantined, not retried.
+        """
         failed = 0
         for conn in list(self._connections.values()):
             for chat in conn.chats():
-                if match(chat):
-                    self._deliver(conn, wire.Error(chat.request_id, wire.OUT_OF_BAND, code, message, True))
-                    failed += 1
+                if chat.owner != worker_id:
+                    continue
+                if chat.order.next_seq > 0:
+                    message = f"worker {worker_id} was lost mid-stream; retry the request"
+                    error = wire.Error(chat.request_id, wire.OUT_OF_BAND, "worker_lost", message, True)
+                else:
+                    message = f"worker {worker_id} died while starting this request; it is not run again"
+                    error = wire.Error(chat.request_id, wire.OUT_OF_BAND, "request_quarantined", message, False)
+                self._deliver(conn, error)
+                failed += 1
+        log.warning("worker %s is gone: %d of its streams ended", worker_id, failed)
         return failed
 
     async def run_watchdog(self, period_s: float = 0.5) -> None:

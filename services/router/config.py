@@ -14,7 +14,7 @@ class RouterConfig(CommonConfig):
     """drivetrain router: takes token batches from Kafka and forwards each event to its edge."""
 
     router_id: str = doc("unique name of this router (default: host-pid)", "")
-    edges: str = doc("edges' internal addresses, edge-id=host:port[,...]", "edge-0=127.0.0.1:9180")
+    edges: str = doc("static edge addresses, edge-id=host:port[,...]; membership finds the rest", "")
     route_cache_size: int = doc("routes kept in the local cache", 100_000)
 
     @property

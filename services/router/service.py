@@ -15,13 +15,17 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from aiokafka import AIOKafkaProducer, ConsumerRecord
+from aiokafka import AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from redis.exceptions import RedisError
 
 from services.router.config import RouterConfig
 from services.router.edge_links import EdgeLink, EdgeUnreachable
 from shared import wire
+from shared.config import parse_address
+from shared.fleet_membership import join_fleet
 from shared.kafka_clients import make_consumer, make_producer, send_dead_letter
+from shared.membership import Membership
+from shared.membership.member import GONE
 from shared.redis_client import make_cluster
 from shared.routing_map import Route, RoutingMap
 
@@ -32,29 +36,44 @@ POLL_TIMEOUT_MS = 100
 ROUTE_RETRY_S = 0.5  # while the Redis Cluster fails over, lookups fail; wait and retry
 
 
+class _ReadyOnAssignment(ConsumerRebalanceListener):
+    """Ready once the group has given this router its share of the token partitions."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._announced = False
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        pass
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        if not self._announced:
+            self._announced = True
+            log.info("router %s ready", self._name)
+
+
 class RouterService:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self.topics = config.topics
-        self._links = {edge_id: EdgeLink(edge_id, addr) for edge_id, addr in config.edge_addresses().items()}
+        self._static = config.edge_addresses()
+        self._links: dict[str, EdgeLink] = {}
+        self._membership: Membership | None = None
         self._routes: RoutingMap | None = None
         self._producer: AIOKafkaProducer | None = None
         self.num_unroutable = 0
         self.num_dead_letters = 0
 
-    async def run(self, ready: asyncio.Event | None = None) -> None:
+    async def run(self) -> None:
         name = self.config.name
         redis = make_cluster(self.config.redis_startup_nodes())
         self._routes = RoutingMap(redis, self.config.route_cache_size)
         self._producer = make_producer(self.config.kafka_bootstrap, client_id=name)
-        consumer = make_consumer(
-            self.config.kafka_bootstrap, self.topics.tokens, client_id=name, group_id=f"{self.topics.prefix}-routers"
-        )
+        consumer = make_consumer(self.config.kafka_bootstrap, client_id=name, group_id=f"{self.topics.prefix}-routers")
+        consumer.subscribe([self.topics.tokens], listener=_ReadyOnAssignment(name))
         await self._producer.start()
+        self._membership = await join_fleet(self.config, name, "router", {}, {})
         await consumer.start()
-        log.info("router %s ready", name)
-        if ready is not None:
-            ready.set()
         try:
             while True:
                 batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
@@ -68,6 +87,7 @@ class RouterService:
             await self._producer.stop()
             for link in self._links.values():
                 await link.close()
+            await self._membership.stop()
             await redis.aclose()
 
     async def _route(self, records: list[ConsumerRecord]) -> None:
@@ -86,7 +106,7 @@ class RouterService:
         per_edge: dict[str, list[wire.Delivery]] = defaultdict(list)
         for event in events:
             route = routes.get(event.request_id)
-            if route is None or route.edge_id not in self._links:
+            if route is None or self._link(route.edge_id) is None:
                 self.num_unroutable += 1
                 continue
             per_edge[route.edge_id].append(wire.Delivery(route.conn_id, event))
@@ -111,6 +131,20 @@ class RouterService:
             except (RedisError, OSError) as exc:
                 log.warning("routing map unavailable (%s); retrying", exc)
                 await asyncio.sleep(ROUTE_RETRY_S)
+
+    def _link(self, edge_id: str) -> EdgeLink | None:
+        """The link to an edge at the address membership gives (or the static list, if any)."""
+        member = self._membership.member(edge_id) if self._membership else None
+        if member is not None and member.status not in GONE and "internal" in member.addresses:
+            address = parse_address(member.addresses["internal"])
+        elif edge_id in self._static:
+            address = self._static[edge_id]
+        else:
+            return None  # unknown or gone: its sockets went with it
+        link = self._links.get(edge_id)
+        if link is None or link.address != address:
+            link = self._links[edge_id] = EdgeLink(edge_id, address)
+        return link
 
     async def _forward(self, edge_id: str, deliveries: list[wire.Delivery]) -> None:
         try:

@@ -16,6 +16,7 @@ class WorkerConfig(CommonConfig):
     worker_id: str = doc("unique name of this worker (default: host-pid)", "")
     model: str = doc("echo | smollm2 | tiny | llama-1b | llama-8b | path to a Hugging Face folder", "echo")
     echo_delay_ms: float = doc("echo model: sleep per step, to imitate a model's pace", 0.0)
+    echo_crash_on: str = doc("echo model, fault tests only: the process dies on starting a request whose message is exactly this", "")
     device: str = doc("cpu | cuda | auto", "auto")
     max_poll_records: int = doc("most requests taken from Kafka in one poll", 256)
     replay_retention_s: float = doc("how long a stream's events are kept to replay to a resuming client", 60.0)

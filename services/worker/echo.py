@@ -7,6 +7,7 @@ pieces of a reply concatenate to the message exactly.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -41,8 +42,9 @@ class _EchoStream:
 class EchoEngine:
     """A GenerationEngine whose every step emits the next piece of each running reply."""
 
-    def __init__(self, delay_ms: float = 0.0) -> None:
+    def __init__(self, delay_ms: float = 0.0, crash_on: str = "") -> None:
         self.delay_s = delay_ms / 1000.0
+        self._crash_on = crash_on  # fault tests: a "poison" message that kills the process
         self._next_step_at = 0.0
         self._streams: dict[str, _EchoStream] = {}
         self.start_listener: StartListener | None = None
@@ -97,10 +99,16 @@ class EchoEngine:
         if new and self.start_listener is not None:
             self.start_listener(new)
         for request_id in new:
-            self._streams[request_id].started = True
+            stream = self._streams[request_id]
+            stream.started = True
+            if self._crash_on and "".join(stream.pieces) == self._crash_on:
+                os._exit(70)  # as a segfault in a kernel would: no cleanup, no goodbye
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._streams)
 
     def request_ids(self) -> list[str]:
         return list(self._streams)
+
+    def load(self) -> dict[str, int | float]:
+        return {"running": len(self._streams), "waiting": 0}

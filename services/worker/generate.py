@@ -8,6 +8,8 @@ import json
 import sys
 import time
 
+import jinja2
+
 from services.worker.config import WorkerConfig
 from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
@@ -49,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
             texts[request_id] = []
         except RequestRejected as exc:
             errors[request_id] = f"{exc.code}: {exc.message}"
+        except (ValueError, jinja2.TemplateError) as exc:  # no chat template, or one that refuses
+            errors[request_id] = f"invalid_request: {exc}"
 
     start = time.perf_counter()
     while llm.has_unfinished_requests():

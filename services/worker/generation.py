@@ -75,3 +75,6 @@ class GenerationEngine(Protocol):
 
     def request_ids(self) -> list[str]:
         """Every request the engine holds, running or waiting."""
+
+    def load(self) -> dict[str, int | float]:
+        """What the fleet should know of this engine's load (running, waiting, free KV blocks)."""

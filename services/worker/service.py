@@ -45,7 +45,7 @@ class _Revocations(ConsumerRebalanceListener):
         self._service.drop_unstarted(self._service.offsets.forget_partitions(set(revoked)))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        pass
+        self._service.announce_ready()
 
 
 class WorkerService:
@@ -68,10 +68,11 @@ class WorkerService:
         self._producer: AIOKafkaProducer | None = None
         self._thread: EngineThread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._announced = False
         self.num_dead_letters = 0
         self.num_quarantined = 0
 
-    async def run(self, ready: asyncio.Event | None = None) -> None:
+    async def run(self) -> None:
         name, bootstrap = self.config.name, self.config.kafka_bootstrap
         producer = self._producer = make_producer(bootstrap, client_id=name)
         requests = make_consumer(bootstrap, client_id=name, group_id=f"{self.topics.prefix}-workers")
@@ -85,9 +86,6 @@ class WorkerService:
         self._engine.start_listener = self._record_starts
         self._thread = EngineThread(self._engine, self._loop, self._outbox.put_nowait)
         self._thread.start()
-        log.info("worker %s ready (model %s)", name, self.config.model)
-        if ready is not None:
-            ready.set()
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._consume_requests(requests))
@@ -152,6 +150,12 @@ class WorkerService:
         message = "a worker died while running this request; it is not run again"
         error = wire.Error(chat.request_id, wire.OUT_OF_BAND, "request_quarantined", message, False)
         await self._send(chat.edge_id, [error], {})
+
+    def announce_ready(self) -> None:
+        """Ready once the group has given this worker its share of the partitions."""
+        if not self._announced:
+            self._announced = True
+            log.info("worker %s ready (model %s)", self.config.name, self.config.model)
 
     def drop_unstarted(self, request_ids: list[str]) -> None:
         """Requests of partitions taken away before they started: their new owner runs them."""

@@ -31,10 +31,10 @@ class MembershipConfig:
     indirect_checks: int = 3
     # Suspicion lasts suspicion_mult * max(1, log10(N)) * probe_interval once confirmed
     # by others, so a refutation has time to spread before a member is declared dead.
-    suspicion_mult: int = 4
+    suspicion_mult: int = 3
     # Unconfirmed suspicion lasts this many times longer (Lifeguard); each independent
     # confirmation shrinks it towards the minimum.
-    suspicion_max_timeout_mult: int = 6
+    suspicion_max_timeout_mult: int = 4
     # Each update is piggybacked retransmit_mult * ceil(log10(N + 1)) times.
     retransmit_mult: int = 4
     # Updates are also pushed on their own to gossip_nodes random members every gossip_interval,
@@ -46,8 +46,10 @@ class MembershipConfig:
     # Full state is exchanged with one random member this often (and on join), repairing
     # whatever piggybacking missed; it grows with log2(N) past 32 members.
     push_pull_interval: float = 5.0
-    # A member alone in its view re-contacts its seeds this often (seeds that started late, or a healed partition).
-    rejoin_interval: float = 1.0
+    # Repair of drifted views, at most this often per peer: alone, re-contact the seeds (they
+    # started late); otherwise swap full state with a member we hold dead (a healed partition), with
+    # an unknown sender, or with a pinger whose view of who is active differs from ours.
+    resync_interval: float = 1.0
     # Local health (Lifeguard): a member that misses acks stretches its probe interval and
     # timeout by up to this factor, so a slow member stops accusing healthy ones.
     awareness_max_multiplier: int = 8
@@ -94,10 +96,12 @@ PROFILES: dict[str, dict[str, Any]] = {
         "bind_host": "0.0.0.0",
         "probe_interval": 1.0,
         "probe_timeout": 0.5,
+        "suspicion_mult": 4,
+        "suspicion_max_timeout_mult": 6,
         "gossip_interval": 0.2,
         "gossip_to_dead_time": 30.0,
         "push_pull_interval": 30.0,
-        "rejoin_interval": 5.0,
+        "resync_interval": 5.0,
         "dead_retention": 60.0,
         "meta_min_interval": 1.0,
         "join_timeout": 5.0,

@@ -18,6 +18,7 @@ class FaultModel:
         self.loss = loss
         self.delay = delay
         self.killed: set[Address] = set()
+        self.degraded: dict[Address, float] = {}  # extra loss on every link of one address
         self._cuts: list[tuple[frozenset[Address], frozenset[Address]]] = []
         self.delivered = 0
         self.dropped = 0
@@ -35,12 +36,17 @@ class FaultModel:
     def revive(self, address: Address) -> None:
         self.killed.discard(address)
 
+    def degrade(self, address: Address, loss: float) -> None:
+        """A sick member (overloaded, bad NIC): this share of its datagrams in and out is lost."""
+        self.degraded[address] = loss
+
     def fate(self, source: Address, destination: Address) -> float | None:
         """Seconds until delivery, or None if the datagram is lost."""
         if source in self.killed or destination in self.killed or self._is_cut(source, destination):
             self.dropped += 1
             return None
-        if self.loss and self.rng.random() < self.loss:
+        loss = 1 - (1 - self.loss) * (1 - self.degraded.get(source, 0.0)) * (1 - self.degraded.get(destination, 0.0))
+        if loss and self.rng.random() < loss:
             self.dropped += 1
             return None
         self.delivered += 1

@@ -74,8 +74,11 @@ class StateRecord(msgspec.Struct, frozen=True, array_like=True):
 
 
 class Ping(msgspec.Struct, frozen=True, array_like=True, tag="ping"):
+    """`view` is the sender's digest of who is active; a target that differs swaps full state."""
+
     probe: Count
     target: Name
+    view: Count
     updates: Blobs
 
 

@@ -16,9 +16,9 @@ from shared.membership.config import MembershipConfig
 from shared.membership.member import GONE, Address, MemberEvent, MemberState, MemberView, Status
 from shared.membership.messages import (
     PIGGYBACKING, Ack, Body, Envelope, Gossip, MembersRequest, MembersResponse, Nack, Ping, PingReq,
-    Suspect, Sync, decode_record, decode_update, encode,
+    Sync, decode_record, decode_update, encode,
 )
-from shared.membership.probe import Probe, ProbeOrder, Relay
+from shared.membership.probe import Prober
 from shared.membership.replay import ReplayGuard
 from shared.membership.table import MemberTable
 from shared.membership.timing import push_pull_interval, retransmit_limit
@@ -56,19 +56,17 @@ class Node:
         self.writer = PacketWriter(self.codec, member_id, config.max_packet_size, int(now * 1_000_000))
         self.replay = ReplayGuard(config.replay_window)
         self.drops: collections.Counter[Drop] = collections.Counter()
-        self.order = ProbeOrder(self.rng)
-        self.probe: Probe | None = None
-        self.relays: dict[int, Relay] = {}
-        self._probe_ids = 0
+        self.prober = Prober(config, self.table, self.awareness, self.rng, self._send_updates, now)
         self._seeds: list[Address] = []
-        self._strangers: dict[str, float] = {}  # unknown senders we swapped state with, and when
+        self._seed_answered = False
+        self._resynced: dict[str, float] = {}  # members we last swapped full state with, and when
         self._pending_meta: tuple[dict[str, str], dict[str, int | float]] | None = None
         self._last_meta_at = float("-inf")
-        self._next_probe = now
         self._next_gossip = now
         self._next_push_pull = now + config.push_pull_interval * self.rng.uniform(0.5, 1.0)
-        self._next_rejoin = float("inf")
+        self._next_resync = now + config.resync_interval
         self._next_prune = now + 1.0
+        self._next_replay_prune = now + config.replay_window
         self._now = now
         self._out: list[Outgoing] = []
 
@@ -93,7 +91,7 @@ class Node:
         return m.view() if m else None
 
     def has_peers(self) -> bool:
-        return any(m.status not in GONE for m in self.table.others())
+        return self.table.active_peers() > 0
 
     def drain_events(self) -> list[MemberEvent]:
         events, self.table.events = self.table.events, []
@@ -104,13 +102,10 @@ class Node:
 
     def next_deadline(self) -> float:
         """When on_tick next has work to do; packets may bring it forward."""
-        times = [self._next_prune, self.table.next_deadline(), self._next_rejoin, self._next_push_pull]
-        if not self.leaving:
-            times.append(self._next_probe)
-        if self.probe is not None:
-            times.append(self.probe.ends_at if self.probe.indirect_sent or self.probe.acked else self.probe.indirect_at)
-        if self.relays:
-            times.append(min(r.nack_at for r in self.relays.values()))
+        times = [
+            self._next_prune, self.table.next_deadline(), self._next_resync, self._next_push_pull,
+            self.prober.next_deadline(),
+        ]
         if len(self.broadcasts):
             times.append(self._next_gossip)
         if self._pending_meta is not None:
@@ -119,11 +114,12 @@ class Node:
 
     # --- commands --------------------------------------------------------------
     def join(self, seeds: Sequence[Address], now: float) -> list[Outgoing]:
-        """Push our state to every seed and ask for theirs; repeated while we know nobody."""
+        """Push our state to every seed (IP addresses) and ask for theirs; repeated until a seed answers,
+        and again whenever we know nobody else."""
         self._begin(now)
         self._seeds = [tuple(s) for s in seeds if tuple(s) != self.address]  # type: ignore[misc]
         self._push_pull_to(self._seeds)
-        self._next_rejoin = now + self.config.rejoin_interval if self._seeds else float("inf")
+        self._next_resync = now + self.config.resync_interval
         return self._flush()
 
     def leave(self, now: float) -> list[Outgoing]:
@@ -131,7 +127,7 @@ class Node:
         self._begin(now)
         if not self.leaving:
             self.table.leave(now)
-            self.probe = None
+            self.prober.probe = None
             self._gossip_round()
         return self._flush()
 
@@ -165,14 +161,15 @@ class Node:
         body = envelope.body
         if isinstance(body, PIGGYBACKING):
             self._apply_updates(body.updates, source)
-            self._sync_if_stranger(envelope.sender, source)
+            if envelope.sender not in self.table.members:
+                # A member talks to us that we never heard of: our views have drifted apart.
+                self._resync_with(envelope.sender, source)
         self._handle(envelope, body, source)
         return self._flush()
 
     def on_tick(self, now: float) -> list[Outgoing]:
         self._begin(now)
-        self._step_probe(now)
-        self._expire_relays(now)
+        self.prober.step(now)
         self.table.expire_suspicions(now)
         if now >= self._next_gossip:
             self._next_gossip = now + self.config.gossip_interval
@@ -180,16 +177,17 @@ class Node:
         if now >= self._next_push_pull:
             self._next_push_pull = now + push_pull_interval(self.config.push_pull_interval, self.table.num_active())
             self._periodic_push_pull()
-        if now >= self._next_rejoin:
-            self._next_rejoin = now + self.config.rejoin_interval
-            if not self.leaving and not self.has_peers():
-                self._push_pull_to(self._seeds)
+        if now >= self._next_resync:
+            self._next_resync = now + self.config.resync_interval
+            self._reconnect()
         self._publish_meta_if_due(now)
         if now >= self._next_prune:
             self._next_prune = now + 1.0
             self.table.prune(now)
+            self._resynced = {k: t for k, t in self._resynced.items() if now - t < self.config.resync_interval}
+        if now >= self._next_replay_prune:
+            self._next_replay_prune = now + self.config.replay_window
             self.replay.prune(now)
-            self._strangers = {k: t for k, t in self._strangers.items() if now - t < self.config.rejoin_interval}
         return self._flush()
 
     # --- packet handlers -------------------------------------------------------
@@ -197,15 +195,18 @@ class Node:
         if isinstance(body, Ping):
             if body.target == self.id:
                 self._send_updates(source, lambda u: Ack(body.probe, u))
+                if body.view != self.table.digest:
+                    self._resync_with(envelope.sender, source)
         elif isinstance(body, PingReq):
-            self._relay(body, source)
+            self.prober.relay(body, source, self._now)
         elif isinstance(body, Ack):
-            self._on_ack(body.probe)
+            self.prober.on_ack(body.probe)
         elif isinstance(body, Nack):
-            if self.probe is not None and self.probe.probe_id == body.probe:
-                self.probe.nacks += 1
+            self.prober.on_nack(body.probe)
         elif isinstance(body, Sync):
             self._merge_records(body.states, envelope.sender)
+            if not body.request and source in self._seeds:
+                self._seed_answered = True
             if body.request:
                 self._send_state(source, lambda s, i, n: Sync(False, s))
         elif isinstance(body, MembersRequest):
@@ -229,13 +230,13 @@ class Node:
             # hoping random gossip reaches it before its suspicion runs out.
             self._send_updates(source, Gossip, corrections)
 
-    def _sync_if_stranger(self, sender: str, source: Address) -> None:
-        """A member that talks to us but is not in our table: our views have drifted, so swap full state."""
-        if sender in self.table.members or self.leaving:
+
+    def _resync_with(self, sender: str, source: Address) -> None:
+        """Swap full state with one member, at most once per resync_interval: views differ briefly
+        after every change, and gossip alone will usually settle them."""
+        if self.leaving or self._now - self._resynced.get(sender, float("-inf")) < self.config.resync_interval:
             return
-        if self._now - self._strangers.get(sender, float("-inf")) < self.config.rejoin_interval:
-            return
-        self._strangers[sender] = self._now
+        self._resynced[sender] = self._now
         self._push_pull_to([source])
 
     def _merge_records(self, blobs: list[bytes], sender: str) -> None:
@@ -250,83 +251,18 @@ class Node:
 
     def _schedule_newcomers(self) -> None:
         for member_id in self.table.joined:
-            self.order.add(member_id)
+            self.prober.order.add(member_id)
         self.table.joined.clear()
-
-    def _relay(self, body: PingReq, source: Address) -> None:
-        relay_id = self._next_probe_id()
-        self.relays[relay_id] = Relay(source, body.probe, self._now + self.config.probe_timeout)
-        self._send_updates((body.host, body.port), lambda u: Ping(relay_id, body.target, u))
-
-    def _on_ack(self, probe_id: int) -> None:
-        relay = self.relays.pop(probe_id, None)
-        if relay is not None:
-            self._send_updates(relay.origin, lambda u: Ack(relay.origin_probe, u))
-        elif self.probe is not None and self.probe.probe_id == probe_id and not self.probe.acked:
-            self.probe.acked = True
-            self.awareness.apply_delta(-1)
-
-    # --- the probe cycle -------------------------------------------------------
-    def _step_probe(self, now: float) -> None:
-        probe = self.probe
-        if probe is not None:
-            if not probe.acked and not probe.indirect_sent and now >= probe.indirect_at:
-                self._probe_indirectly(probe)
-            if now >= probe.ends_at:
-                self._conclude(probe, now)
-                self.probe = None
-        if self.probe is None and not self.leaving and now >= self._next_probe:
-            self._start_probe(now)
-
-    def _start_probe(self, now: float) -> None:
-        period = self.awareness.scale(self.config.probe_interval)
-        self._next_probe = now + period
-        target = self.order.next_target(self.table.members, self.id)
-        if target is None:
-            return
-        probe_id = self._next_probe_id()
-        self.probe = Probe(target.id, probe_id, now + self.awareness.scale(self.config.probe_timeout), now + period)
-        # Lifeguard's buddy system: tell a suspect it is suspected, so it can refute at once.
-        first = [encode(Suspect(target.id, target.incarnation, self.id))] if target.status is Status.SUSPECT else None
-        self._send_updates(target.address, lambda u: Ping(probe_id, target.id, u), first)
-
-    def _probe_indirectly(self, probe: Probe) -> None:
-        probe.indirect_sent = True
-        target = self.table.get(probe.target)
-        if target is None or target.status in GONE:
-            return
-        helpers = [m for m in self.table.others() if m.status is Status.ALIVE and m.id != target.id]
-        for helper in self.rng.sample(helpers, min(self.config.indirect_checks, len(helpers))):
-            self._send_updates(
-                helper.address, lambda u: PingReq(probe.probe_id, target.id, target.host, target.port, u)
-            )
-            probe.expected_nacks += 1
-
-    def _conclude(self, probe: Probe, now: float) -> None:
-        if probe.acked:
-            return
-        # Helpers that did answer with a nack prove our own links work; missing nacks
-        # (or no helpers at all) suggest the fault may be ours.
-        missing = probe.expected_nacks - probe.nacks if probe.expected_nacks else 1
-        self.awareness.apply_delta(max(0, missing))
-        self.table.suspect(probe.target, now)
-
-    def _expire_relays(self, now: float) -> None:
-        for relay_id in [i for i, r in self.relays.items() if r.nack_at <= now]:
-            relay = self.relays.pop(relay_id)
-            self._send_updates(relay.origin, lambda u: Nack(relay.origin_probe, u))
-
-    def _next_probe_id(self) -> int:
-        self._probe_ids += 1
-        return self._probe_ids
 
     # --- dissemination ---------------------------------------------------------
     def _gossip_round(self) -> None:
         if not len(self.broadcasts):
             return
         recent = self._now - self.config.gossip_to_dead_time
-        candidates = [m for m in self.table.others() if m.status not in GONE or m.status_since >= recent]
-        for target in self.rng.sample(candidates, min(self.config.gossip_nodes, len(candidates))):
+        targets = self.table.pick(
+            self.rng, self.config.gossip_nodes, lambda m: m.status not in GONE or m.status_since >= recent
+        )
+        for target in targets:
             if not len(self.broadcasts):
                 return
             self._send_updates(target.address, Gossip)
@@ -334,9 +270,20 @@ class Node:
     def _periodic_push_pull(self) -> None:
         if self.leaving:
             return
-        peers = [m for m in self.table.others() if m.status is Status.ALIVE]
-        if peers:
-            self._push_pull_to([self.rng.choice(peers).address])
+        for peer in self.table.pick(self.rng, 1, lambda m: m.status is Status.ALIVE):
+            self._push_pull_to([peer.address])
+
+    def _reconnect(self) -> None:
+        """No seed has answered yet, or we are alone: knock on the seeds again. Otherwise swap state
+        with one member we hold dead, which is how the two sides of a healed partition find each other."""
+        if self.leaving:
+            return
+        if not self._seed_answered or not self.has_peers():
+            self._push_pull_to(self._seeds)
+            return
+        dead = [m for m in self.table.others() if m.status is Status.DEAD]
+        if dead:
+            self._push_pull_to([self.rng.choice(dead).address])
 
     def _push_pull_to(self, addresses: Sequence[Address]) -> None:
         for address in addresses:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import random
+import socket
 import time
 from typing import Callable, Iterable, Sequence
 
@@ -66,7 +68,7 @@ class Membership:
             self.config, self.id, self.role, address, addresses=self._addresses, load=self._load,
             pid=os.getpid(), rng=self._rng, now=self._clock(),
         )
-        self._deliver(self._node.join(list(seeds), self._clock()))
+        self._deliver(self._node.join(await resolve_seeds(seeds, self.config.join_timeout), self._clock()))
         self._task = asyncio.create_task(self._run(), name=f"membership-{self.id}")
         if seeds:
             try:
@@ -214,3 +216,29 @@ class Membership:
                         callback(event)
                     except Exception:
                         log.exception("membership %s: on_change callback failed", self.id)
+
+
+async def resolve_seeds(seeds: Sequence[Address], timeout: float) -> list[Address]:
+    """Seeds as IPv4 addresses, so answers (which come from an IP) can be matched to them.
+
+    A name that does not resolve is skipped with a warning: another seed, or a member
+    joining us later, connects us instead.
+    """
+    loop = asyncio.get_running_loop()
+    resolved: list[Address] = []
+    for host, port in seeds:
+        try:
+            ipaddress.ip_address(host)
+            resolved.append((host, port))
+            continue
+        except ValueError:
+            pass
+        try:
+            infos = await asyncio.wait_for(
+                loop.getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM), timeout
+            )
+        except (OSError, TimeoutError) as exc:
+            log.warning("membership seed %s:%d does not resolve: %s", host, port, exc)
+            continue
+        resolved.append((infos[0][4][0], infos[0][4][1]))
+    return resolved

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+import hashlib
+import random
+from typing import Callable, Iterator
 
 from shared.membership.awareness import Awareness
 from shared.membership.broadcast import BroadcastQueue
@@ -24,19 +26,36 @@ class MemberTable:
         self.awareness = awareness
         self.broadcasts = broadcasts
         self.members: dict[str, MemberState] = {me.id: me}
+        self.peers: list[MemberState] = []  # everyone but us, for sampling without a scan
         self.suspicions: dict[str, Suspicion] = {}
         self.events: list[MemberEvent] = []
         self.joined: list[str] = []  # ids new to the table, for the prober to schedule
         self.leaving = False
         self.refutations = 0
         self._active = 1  # members not dead or left, kept current by _set_status
+        self.digest = member_hash(me.id)  # XOR of member_hash over the same members
 
     # --- reading ---------------------------------------------------------------
     def get(self, member_id: str) -> MemberState | None:
         return self.members.get(member_id)
 
     def others(self) -> Iterator[MemberState]:
-        return (m for m in self.members.values() if m.id != self.me.id)
+        return iter(self.peers)
+
+    def active_peers(self) -> int:
+        return self._active - (self.me.status not in GONE)
+
+    def pick(self, rng: random.Random, k: int, eligible: Callable[[MemberState], bool]) -> list[MemberState]:
+        """Up to k distinct random peers that are eligible; O(k) when most are, as in a healthy cluster."""
+        chosen: dict[str, MemberState] = {}
+        for _ in range(4 * k if self.peers else 0):
+            m = self.peers[rng.randrange(len(self.peers))]
+            if m.id not in chosen and eligible(m):
+                chosen[m.id] = m
+                if len(chosen) == k:
+                    return list(chosen.values())
+        rest = [m for m in self.peers if m.id not in chosen and eligible(m)]
+        return list(chosen.values()) + rng.sample(rest, min(k - len(chosen), len(rest)))
 
     def num_active(self) -> int:
         """Members not dead or left, this node included: the N of the timing formulas."""
@@ -72,6 +91,7 @@ class MemberTable:
         if m is None:
             m = MemberState(a.member, a.role, a.host, a.port, status=Status.ALIVE, status_since=now)
             self.members[a.member] = m
+            self.peers.append(m)
             self.joined.append(a.member)
             old: Status | None = None
         elif a.incarnation <= m.incarnation:
@@ -173,13 +193,19 @@ class MemberTable:
         self.leaving = True
         self.me.status, self.me.status_since = Status.LEFT, now
         self._active -= 1
+        self.digest ^= member_hash(self.me.id)
         self.broadcasts.queue(self.me.id, encode(Left(self.me.id, self.me.incarnation)))
 
     def prune(self, now: float) -> None:
         """Forget members gone for longer than dead_retention."""
+        if len(self.members) == self._active + (self.me.status in GONE):
+            return  # nobody gone
         cutoff = now - self.config.dead_retention
-        for m in [m for m in self.others() if m.status in GONE and m.status_since < cutoff]:
-            del self.members[m.id]
+        expired = {m.id for m in self.peers if m.status in GONE and m.status_since < cutoff}
+        if expired:
+            self.peers = [m for m in self.peers if m.id not in expired]
+            for member_id in expired:
+                del self.members[member_id]
 
     def self_alive(self) -> Alive:
         return to_alive(self.me)
@@ -194,7 +220,10 @@ class MemberTable:
     def _set_status(self, m: MemberState, status: Status, incarnation: int, now: float, old: Status | None) -> None:
         if old != status:
             m.status_since = now
-            self._active += (status not in GONE) - (old is not None and old not in GONE)
+            delta = (status not in GONE) - (old is not None and old not in GONE)
+            self._active += delta
+            if delta:
+                self.digest ^= member_hash(m.id)
         m.status, m.incarnation = status, incarnation
         self.events.append(MemberEvent(m.view(), old, status))
 
@@ -205,3 +234,8 @@ def to_record(m: MemberState) -> StateRecord:
 
 def to_alive(m: MemberState) -> Alive:
     return Alive(m.id, m.incarnation, m.role, m.host, m.port, m.addresses, m.load, m.pid)
+
+
+def member_hash(member_id: str) -> int:
+    """A stable 64-bit hash (Python's str hash differs between processes)."""
+    return int.from_bytes(hashlib.blake2b(member_id.encode(), digest_size=8).digest(), "big")

@@ -1,75 +1,17 @@
-"""Real Kafka and Redis Cluster for the integration tests, and a fleet of real service processes.
-
-Each test session works under its own topic prefix, so leftovers of earlier runs
-never reach it.
-"""
+"""The integration tests' fleet: two edges, two routers, two echo workers."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from shared.infra import ensure_up, load_config
-from shared.infra.kafka import open_admin
-from shared.infra.topics import ensure_topics
-from shared.launcher import Fleet, FleetSpec
-from shared.topics import TopicLayout
-
-# Separate runs on one machine can set their own ports.
-TEST_PORT = int(os.environ.get("DRIVETRAIN_TEST_BASE_PORT", "18080"))
-TEST_INTERNAL_PORT = TEST_PORT + 1100
-RESUME_GRACE_S = 2.0  # short, so tests of a dropped socket need not wait long
-
-
-@pytest.fixture(scope="session")
-def infra():
-    cfg = load_config()
-    ensure_up(cfg)
-    return cfg
-
-
-@pytest.fixture(scope="session")
-def topics(infra) -> TopicLayout:
-    layout = TopicLayout(prefix=f"test-{uuid.uuid4().hex[:8]}", requests_partitions=4, tokens_partitions=4)
-
-    async def create() -> None:
-        async with open_admin(infra) as admin:
-            await ensure_topics(admin, layout.partitions())
-
-    asyncio.run(create())
-    return layout
-
-
-@pytest.fixture(scope="session")
-def fleet_logs(tmp_path_factory) -> Path:
-    path = Path(os.environ.get("DRIVETRAIN_TEST_LOGS") or tmp_path_factory.mktemp("fleet-logs"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def start_fleet(topics: TopicLayout, log_dir: Path, **spec: object) -> Fleet:
-    fleet_spec = FleetSpec(
-        base_port=TEST_PORT,
-        base_internal_port=TEST_INTERNAL_PORT,
-        extra_env={"DRIVETRAIN_TOPIC_PREFIX": topics.prefix, "DRIVETRAIN_RESUME_GRACE_S": str(RESUME_GRACE_S)},
-        **spec,
-    )
-    fleet = Fleet(fleet_spec, log_dir=log_dir, echo_logs=False)
-    try:
-        fleet.start(ready_timeout_s=120)
-    except BaseException:
-        fleet.stop()
-        raise
-    return fleet
+from shared.launcher import Fleet
+from tests.fleet_fixtures import RESUME_GRACE_S, fleet_logs, infra, start_fleet, topics  # noqa: F401
 
 
 @pytest.fixture(scope="module")
-def echo_fleet(topics, fleet_logs) -> Iterator[Fleet]:
+def echo_fleet(topics, fleet_logs) -> Iterator[Fleet]:  # noqa: F811
     """Two edges, two routers, two workers serving the echo model at a steady pace."""
     fleet = start_fleet(topics, fleet_logs, edges=2, routers=2, workers=2, model="echo", echo_delay_ms=5)
     yield fleet

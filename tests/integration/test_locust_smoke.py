@@ -96,7 +96,10 @@ async def fake_edge(scenarios: itertools.cycle):
     async def reply(ws, frame, scenario: str) -> None:
         chat_id = frame["id"]
         pieces = split_pieces(frame["messages"][-1]["content"])[: frame["max_tokens"]]
-        send = lambda **f: ws.send(json.dumps(f))  # noqa: E731
+
+        async def send(**fields) -> None:
+            await ws.send(json.dumps(fields))
+
         await send(type="accepted", id=chat_id, request_id="r-" + chat_id)
         if scenario == "error":
             await send(type="error", id=chat_id, code="overloaded", message="try later", retryable=True)

@@ -8,7 +8,7 @@ import time
 
 from shared import wire
 from shared.chat_client import ChatSocket
-from tests.integration.conftest import RESUME_GRACE_S
+from tests.fleet_fixtures import RESUME_GRACE_S
 from tests.integration.kafka_tap import KafkaTap
 
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()

@@ -56,7 +56,8 @@ class EngineConfig:
             block_size=self.block_size,
             max_model_len=max_model_len,
             max_num_seqs=self.max_num_seqs,
-            max_batch_tokens=scheduler.max_batch_tokens,
+            # Without chunking, one whole prompt may go in over the budget beside the decodes.
+            max_step_tokens=scheduler.max_batch_tokens + (0 if self.enable_chunked_prefill else max_model_len),
             num_kv_blocks=self.num_kv_blocks,
             kv_memory_fraction=self.kv_memory_fraction,
             cuda_graphs=self.cuda_graphs,

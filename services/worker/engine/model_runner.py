@@ -37,7 +37,7 @@ class RunnerConfig:
     block_size: int = 16
     max_model_len: int = 8192
     max_num_seqs: int = 256
-    max_batch_tokens: int = 512
+    max_step_tokens: int = 512  # the most tokens one step can hold: sizes the profiling run
     num_kv_blocks: int = 0  # 0: size the pool from memory
     kv_memory_fraction: float = 0.9  # GPU: share of device memory for weights, activations and KV
     cuda_graphs: bool = True
@@ -237,7 +237,7 @@ class ModelRunner:
     def _profile_run(self) -> None:
         """The largest step the scheduler can send: a full token budget in one sequence, then
         logits and top-p sampling for max_num_seqs rows."""
-        num_tokens = min(self.config.max_batch_tokens, self.config.max_model_len)
+        num_tokens = min(self.config.max_step_tokens, self.config.max_model_len)
         num_blocks = cdiv(num_tokens, self.block_size) + 1
         caches = allocate_kv_cache(self.model.config, num_blocks, self.block_size, self.device, self.dtype)
         meta = AttentionMetadata(
