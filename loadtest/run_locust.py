@@ -39,7 +39,10 @@ from shared.topics import TopicLayout
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 RESULTS = Path(__file__).resolve().parent / "results"
 METRICS = ("accepted", "ttft", "itl", "stream")
-INTERNAL_PORT_OFFSET = 1100  # edge i: clients on base+i, routers on base+1100+i
+# Edge i takes clients on base+i, routers on base+1100+i, gossip (UDP) on base+2200+i:
+# a fleet of its own, apart from any other on the machine.
+INTERNAL_PORT_OFFSET = 1100
+GOSSIP_PORT_OFFSET = 2200
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -120,7 +123,7 @@ class LocalStack:
         spec = FleetSpec(
             edges=self.args.edges, workers=self.args.workers, routers=self.args.routers, model="echo",
             echo_delay_ms=self.args.echo_delay_ms, base_port=self.base_port,
-            base_internal_port=self.base_port + INTERNAL_PORT_OFFSET,
+            base_internal_port=self.base_port + INTERNAL_PORT_OFFSET, base_gossip_port=self.base_port + GOSSIP_PORT_OFFSET,
             extra_env={"DRIVETRAIN_TOPIC_PREFIX": self.layout.prefix},
         )
         print(f"starting an echo fleet ({spec.edges} edges, {spec.workers} workers, {spec.routers} routers, "
@@ -253,7 +256,14 @@ def main(argv: list[str] | None = None) -> int:
             stack.stop()
     stats_csv = Path(f"{args.csv}_stats.csv")
     if stats_csv.exists() and stats_csv.stat().st_mtime >= started:  # not a previous run's
-        print("\n".join(summary_lines(read_stats(args.csv))), flush=True)
+        stats = read_stats(args.csv)
+        print("\n".join(summary_lines(stats)), flush=True)
+        finished = stats.get("stream", {})
+        if int(finished.get("Request Count", 0)) == int(finished.get("Failure Count", 0)):
+            # Chats still waiting when the run ends are not counted, so a stalled fleet
+            # would otherwise pass with no failures.
+            print("no chat finished during the run: is a worker serving?", file=sys.stderr)
+            rc = rc or 1
         if args.plot:
             title = f"chat load: {args.users} users, {args.run_time}" + (
                 f", echo {args.echo_delay_ms:g} ms/step" if stack else "")

@@ -49,6 +49,7 @@ class Child:
     name: str
     process: subprocess.Popen
     pump: threading.Thread | None = None
+    log_offset: int = 0  # where this run's lines start in a log file shared with earlier runs
 
 
 class Fleet:
@@ -84,8 +85,10 @@ class Fleet:
     def start_child(self, name: str, command: str, *args: str) -> Child:
         env = {**os.environ, "DRIVETRAIN_GOSSIP_SEEDS": self.spec.gossip_seeds(), **self.spec.extra_env, "PYTHONUNBUFFERED": "1"}
         argv = [sys.executable, "-m", "shared.cli", command, *args]
+        log_path = self.log_dir / f"{name}.log" if self.log_dir else None
+        offset = log_path.stat().st_size if log_path and log_path.exists() else 0
         process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        child = Child(name, process)
+        child = Child(name, process, log_offset=offset)
         child.pump = threading.Thread(target=self._pump, args=(name, process.stdout), daemon=True)
         child.pump.start()
         self.children[name] = child
@@ -130,8 +133,8 @@ class Fleet:
     def wait_logged(self, name: str, text: str, deadline: float) -> None:
         if self.log_dir is None:
             return
-        path = self.log_dir / f"{name}.log"
-        while not (path.exists() and text in path.read_text(errors="replace")):
+        path, offset = self.log_dir / f"{name}.log", self.children[name].log_offset
+        while not (path.exists() and text.encode() in path.read_bytes()[offset:]):
             self.check_alive()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name} did not log {text!r} in time")

@@ -57,18 +57,21 @@ class Membership:
     async def start(self, seeds: Sequence[Address] = ()) -> int:
         """Bind, join through the seeds and wait (up to join_timeout) to hear from one; returns members known.
 
-        Unreachable seeds are not an error: the node keeps re-contacting them while alone.
+        Unreachable seeds are not an error: the node keeps re-contacting them until one answers.
         """
         if self._task is not None:
             raise RuntimeError("membership already started")
         self._transport = await self._factory(self.config.bind_host, self.config.bind_port, self._on_datagram)
         bound_host, port = self._transport.address
-        address = (self.config.advertise_host or bound_host, port)
+        advertised = (self.config.advertise_host or bound_host, port)
+        # Others send to what we advertise on every packet; a name would cost a lookup each time.
+        resolved = await resolve_addresses([advertised], self.config.join_timeout)
+        address = resolved[0] if resolved else advertised
         self._node = Node(
             self.config, self.id, self.role, address, addresses=self._addresses, load=self._load,
             pid=os.getpid(), rng=self._rng, now=self._clock(),
         )
-        self._deliver(self._node.join(await resolve_seeds(seeds, self.config.join_timeout), self._clock()))
+        self._deliver(self._node.join(await resolve_addresses(seeds, self.config.join_timeout), self._clock()))
         self._task = asyncio.create_task(self._run(), name=f"membership-{self.id}")
         if seeds:
             try:
@@ -218,8 +221,8 @@ class Membership:
                         log.exception("membership %s: on_change callback failed", self.id)
 
 
-async def resolve_seeds(seeds: Sequence[Address], timeout: float) -> list[Address]:
-    """Seeds as IPv4 addresses, so answers (which come from an IP) can be matched to them.
+async def resolve_addresses(seeds: Sequence[Address], timeout: float) -> list[Address]:
+    """Addresses with names turned into IPv4 addresses (answers come from an IP, and are matched to seeds).
 
     A name that does not resolve is skipped with a warning: another seed, or a member
     joining us later, connects us instead.

@@ -45,6 +45,8 @@ class Simulation:
         self._queue: list[tuple[float, int, int, object]] = []
         self._tick_at: dict[str, float] = {}
         self._order = 0
+        self.packets_sent = 0
+        self.bytes_sent = 0
 
     # --- building and breaking the cluster ------------------------------------
     def add(self, member_id: str, role: str = "worker", seeds: Sequence[str] = (), **meta: dict) -> Node:
@@ -140,6 +142,8 @@ class Simulation:
             self._push(due, _TICK, node.id)
 
     def _send(self, source: Address, item: Outgoing) -> None:
+        self.packets_sent += 1
+        self.bytes_sent += len(item.data)
         destination = self._by_address.get(item.address)
         delay = self.faults.fate(source, item.address)
         if destination is not None and delay is not None:

@@ -8,6 +8,7 @@ from shared.membership.config import MembershipConfig
 from shared.membership.member import MemberState, Status, supersedes
 from shared.membership.messages import Alive, Dead, Left, StateRecord, Suspect, decode_update, encode
 from shared.membership.table import MemberTable
+from shared.membership.timing import expected_confirmations
 
 A, S, D, L = Status.ALIVE, Status.SUSPECT, Status.DEAD, Status.LEFT
 
@@ -40,7 +41,8 @@ def alive(member, inc=0, **changes):
 
 def make_table(others=("b", "c", "d", "e", "f")):
     me = MemberState("me", "edge", "10.0.0.1", 7946)
-    table = MemberTable(me, MembershipConfig.local(), Awareness(8), BroadcastQueue())
+    # suspicion_mult 4 wants two confirmations (mult - 2), so shrinking can be watched step by step.
+    table = MemberTable(me, MembershipConfig.local(suspicion_mult=4), Awareness(8), BroadcastQueue())
     for member in others:
         assert table.apply_alive(alive(member), now=0.0)
     table.events.clear()
@@ -89,7 +91,7 @@ def test_confirmations_from_distinct_members_shrink_suspicion_and_are_regossiped
     table.apply_suspect(Suspect("b", 0, "c"), now=0.0)
     timer = table.suspicions["b"]
     unconfirmed = timer.deadline
-    assert timer.expected == 2
+    assert timer.expected == expected_confirmations(4, 6) == 2
     assert not table.apply_suspect(Suspect("b", 0, "c"), now=0.1)  # the same accuser again
     assert table.apply_suspect(Suspect("b", 0, "d"), now=0.1)
     assert decode_update(table.broadcasts.pending("b")) == Suspect("b", 0, "d")

@@ -106,8 +106,8 @@ def test_membership_refuses_to_run_without_a_secret():
 
 
 async def test_seed_names_resolve_to_addresses():
-    from shared.membership.shell import resolve_seeds
+    from shared.membership.shell import resolve_addresses
 
-    assert await resolve_seeds([("localhost", 7946), ("10.1.2.3", 1), ("no-such-host.invalid", 2)], 2.0) == [
+    assert await resolve_addresses([("localhost", 7946), ("10.1.2.3", 1), ("no-such-host.invalid", 2)], 2.0) == [
         ("127.0.0.1", 7946), ("10.1.2.3", 1),
     ]
