@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -102,7 +103,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax = axes[0][0]
     ax.plot(sizes, [r["converge_periods"]["p50"] for r in rows], "o-", label="p50")
     ax.plot(sizes, [r["converge_periods"]["max"] for r in rows], "s--", label="max")
+    ax.plot(sizes, [math.log2(n) for n in sizes], "k-", alpha=0.3, label="log2 N")
     ax.set(xscale="log", xlabel="members", ylabel="probe periods", title="Join storm: periods until all see all alive")
+    ax.set_ylim(bottom=0)
     ax.legend()
     ax = axes[0][1]
     ax.plot(sizes, [r["all_dead_s"]["p50"] for r in rows], "o-", label="all know: p50")
@@ -120,6 +123,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(losses))], [f"{loss:.0%}" for loss in losses])
     ax.set(xlabel="packet loss", ylabel="live members declared dead",
            title=f"False positives over {fps[0]['periods']} periods")
+    ax.set_ylim(0, max(1, *(f["members_declared_dead"] for f in fps)) + 0.5)
     ax.legend()
     ax = axes[1][1]
     for n in sizes:

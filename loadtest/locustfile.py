@@ -183,7 +183,8 @@ class StreamCheck:
         if text != self.expected.text:
             if self.expected.text.startswith(text):
                 raise ChatFailure("reply is a truncated echo")
-            raise ChatFailure("reply differs from the echo" + (" (same length)" if len(text) == len(self.expected.text) else ""))
+            same_length = len(text) == len(self.expected.text)
+            raise ChatFailure("reply differs from the echo" + (" (same length)" if same_length else ""))
         if frame.get("finish_reason") != self.expected.finish_reason:
             raise ChatFailure(f"finish_reason {frame.get('finish_reason')!r}, expected {self.expected.finish_reason!r}")
         if (frame.get("usage") or {}).get("completion_tokens") != len(self.pieces):

@@ -123,7 +123,8 @@ class LocalStack:
         spec = FleetSpec(
             edges=self.args.edges, workers=self.args.workers, routers=self.args.routers, model="echo",
             echo_delay_ms=self.args.echo_delay_ms, base_port=self.base_port,
-            base_internal_port=self.base_port + INTERNAL_PORT_OFFSET, base_gossip_port=self.base_port + GOSSIP_PORT_OFFSET,
+            base_internal_port=self.base_port + INTERNAL_PORT_OFFSET,
+            base_gossip_port=self.base_port + GOSSIP_PORT_OFFSET,
             extra_env={"DRIVETRAIN_TOPIC_PREFIX": self.layout.prefix},
         )
         print(f"starting an echo fleet ({spec.edges} edges, {spec.workers} workers, {spec.routers} routers, "
@@ -208,7 +209,8 @@ def plot(prefix: str, path: Path, title: str) -> None:
     bars.legend()
 
     start = min((int(r["Timestamp"]) for r in history), default=0)
-    for name, pct, style in (("ttft", "50%", "C0-"), ("ttft", "95%", "C0--"), ("itl", "50%", "C1-"), ("itl", "95%", "C1--")):
+    lines = (("ttft", "50%", "C0-"), ("ttft", "95%", "C0--"), ("itl", "50%", "C1-"), ("itl", "95%", "C1--"))
+    for name, pct, style in lines:
         points = [(int(r["Timestamp"]) - start, float(r[pct])) for r in history
                   if r["Name"] == name and r[pct] not in ("", "N/A") and int(r["Total Request Count"]) > 0]
         if points:

@@ -117,7 +117,8 @@ async def fake_edge(scenarios: itertools.cycle):
             if scenario == "close" and k == 2:
                 await ws.close(1011, "internal error")
                 return
-            await send(type="token", id="elsewhere" if scenario == "other_id" and k == 1 else chat_id, seq=seq, text=piece)
+            frame_id = "elsewhere" if scenario == "other_id" and k == 1 else chat_id
+            await send(type="token", id=frame_id, seq=seq, text=piece)
             await asyncio.sleep(0.001)
         usage = {"prompt_tokens": len(pieces), "cached_tokens": 0,
                  "completion_tokens": len(pieces) + (scenario == "wrong_usage")}
