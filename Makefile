@@ -7,7 +7,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTHON ?= python3
 
-.PHONY: install run test test-unit test-integration infra-up infra-down loadtest bench-pipeline clean
+
+.PHONY: install system-deps run test test-unit test-integration infra-up infra-down loadtest bench-pipeline clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,9 +24,13 @@ install: $(STAMP)
 run: install
 	$(BIN)/drivetrain up --model smollm2
 
+# Debian's Chromium drives the chat page's browser test (no browser download works here).
+system-deps:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver; }
+
 # Starts the infrastructure unless it already runs, runs every test, and stops
 # what it started, whatever the result.
-test: install
+test: install system-deps
 	@started=0; \
 	if ! $(BIN)/drivetrain infra status >/dev/null 2>&1; then $(BIN)/drivetrain infra up || exit 1; started=1; fi; \
 	$(BIN)/pytest -q -p no:cacheprovider tests; rc=$$?; \
@@ -40,6 +45,11 @@ infra-up: install
 
 infra-down: install
 	$(BIN)/drivetrain infra down
+
+# Locust: 200 chat users for 60 s against the edge on 8080. With no fleet there, one serving the
+# echo model is started (and Kafka/Redis if down) and stopped afterwards; every echo reply is checked.
+loadtest: install
+	$(BIN)/python loadtest/run_locust.py -u 200 -r 50 -t 60s --csv loadtest/results/locust --html loadtest/results/locust.html
 
 bench-pipeline: install
 	$(BIN)/python loadtest/bench_pipeline.py --json loadtest/results/pipeline.json

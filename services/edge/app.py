@@ -11,7 +11,8 @@ import uuid
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -57,10 +58,14 @@ def build_app(service: EdgeService) -> Starlette:
     async def health(_: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "edge_id": service.config.edge_id})
 
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
+
     return Starlette(
         routes=[
             WebSocketRoute("/v1/chat", chat_socket),
             Route("/healthz", health),
+            Route("/metrics", metrics),
             *openai_routes(service, api_keys),
             *chat_page_routes(),
         ]

@@ -7,13 +7,25 @@ from collections.abc import Mapping
 
 def parse_api_keys(spec: str) -> dict[str, str]:
     """`key:tenant,key:tenant` -> {key: tenant}; a malformed entry is a config error."""
-    keys: dict[str, str] = {}
+    return parse_pairs(spec, "key:tenant")
+
+
+def parse_pairs(spec: str, shape: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
     for entry in filter(None, (part.strip() for part in spec.split(","))):
-        key, sep, tenant = entry.partition(":")
-        if not sep or not key or not tenant:
-            raise ValueError(f"api key entry {entry!r} is not key:tenant")
-        keys[key] = tenant
-    return keys
+        left, sep, right = entry.partition(":")
+        if not sep or not left or not right:
+            raise ValueError(f"entry {entry!r} is not {shape}")
+        pairs[left] = right
+    return pairs
+
+
+DEFAULT_TIER = "standard"
+
+
+def parse_tiers(spec: str) -> dict[str, str]:
+    """`tenant:tier,...` -> {tenant: tier}; tenants not named are in DEFAULT_TIER."""
+    return parse_pairs(spec, "tenant:tier")
 
 
 def presented_key(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:

@@ -17,6 +17,7 @@ class EdgeConfig(CommonConfig):
     internal_host: str = doc("address routers connect to", "127.0.0.1")
     internal_port: int = doc("port routers connect to", 9180)
     api_keys: str = doc("accepted API keys, key:tenant[,key:tenant]", "dev-key:dev")
+    tenant_tiers: str = doc("tenants' service tiers, tenant:tier[,...]; others are 'standard'", "")
     max_frame_bytes: int = doc("largest client frame; a bigger one closes the socket with 1009", 1024 * 1024)
     model: str = doc("the model the workers serve; sets how prompts are counted against its context", "echo")
     max_chats_per_connection: int = doc("chats one socket may have in flight at once", 64)

@@ -32,7 +32,9 @@ class Chat:
     order: StreamOrder = field(default_factory=StreamOrder)
     owner: str | None = None  # the worker that started it, once it says so
     epoch: int = 0  # the route epoch: grows each time the stream is resumed
+    opened_at: float = field(default_factory=time.monotonic)
     last_event_at: float = field(default_factory=time.monotonic)
+    last_token_at: float | None = None
 
 
 class Connection:
@@ -76,22 +78,21 @@ class Connection:
     def send(self, frame: Frame) -> None:
         self._outbox.put_nowait(frame)
 
-    def deliver(self, event: wire.Event) -> bool:
-        """Queue a token-path event in seq order; True when it ended its chat."""
+    def deliver(self, event: wire.Event) -> tuple[Chat | None, list[wire.Event]]:
+        """Queue a token-path event in seq order: its chat, and the events that went out, in order."""
         chat = self._by_request.get(event.request_id)
         if chat is None:
-            return False
+            return None, []
         chat.last_event_at = time.monotonic()
         if isinstance(event, wire.Started):
             chat.owner = event.worker_id
-            return False
-        ended = False
-        for ready in chat.order.push(event):
-            self._outbox.put_nowait(event_frame(chat.chat_id, ready))
-            ended = chat.order.finished
-        if ended:
+            return chat, []
+        ready = chat.order.push(event)
+        for out in ready:
+            self._outbox.put_nowait(event_frame(chat.chat_id, out))
+        if chat.order.finished:
             self.close_chat(event.request_id)
-        return ended
+        return chat, ready
 
     async def run_writer(self) -> None:
         """Send queued frames until `close_writer`; a dead sink just ends the loop."""

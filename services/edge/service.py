@@ -20,12 +20,15 @@ from collections.abc import Coroutine
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from prometheus_client import CollectorRegistry
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from services.edge.config import EdgeConfig
 from services.edge.connection import Connection
+from services.edge.auth import DEFAULT_TIER, parse_tiers
 from services.edge.deadlines import Deadlines, overdue
+from services.edge.metrics import EdgeMetrics
 from services.edge.prompt_limit import PromptLimit
 from services.edge.protocol import (
     CancelFrame,
@@ -47,8 +50,20 @@ REFUSED_RESUME = "no resumable stream matches this request id and token"
 
 
 class EdgeService:
-    def __init__(self, config: EdgeConfig, producer: AIOKafkaProducer, redis: RedisCluster, prompt_limit: PromptLimit) -> None:
+    def __init__(
+        self,
+        config: EdgeConfig,
+        producer: AIOKafkaProducer,
+        redis: RedisCluster,
+        prompt_limit: PromptLimit,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.config = config
+        self.registry = registry or CollectorRegistry()
+        self.metrics = EdgeMetrics(self.registry)
+        self.metrics.connections.set_function(lambda: len(self._connections))
+        self.metrics.chats_in_flight.set_function(lambda: self.load()["chats"])
+        self._tiers = parse_tiers(config.tenant_tiers)
         self.topics = config.topics
         self._producer = producer
         self._routes = RoutingMap(redis)
@@ -82,7 +97,11 @@ class EdgeService:
             elif isinstance(frame, ResumeFrame):
                 await self.resume_chat(conn, frame)
         except ProtocolError as exc:
+            self.metrics.refusals.labels(exc.code, self.tier_of(conn.tenant)).inc()
             conn.send(error_frame(exc.chat_id, exc.code, exc.message, exc.retryable))
+
+    def tier_of(self, tenant: str) -> str:
+        return self._tiers.get(tenant, DEFAULT_TIER)
 
     def _check_new_chat(self, conn: Connection, chat_id: str) -> None:
         if conn.has_chat(chat_id):
@@ -116,6 +135,7 @@ class EdgeService:
             # Accepted goes out before the request can reach a worker, so it precedes every token.
             conn.send(accepted_frame(frame.id, request_id, resume_token))
             await self._producer.send_and_wait(self.topics.requests, wire.encode(request), key=request_id.encode())
+            self.metrics.chats.labels(self.tier_of(conn.tenant)).inc()
         except Exception as exc:  # noqa: BLE001 - any infrastructure failure becomes a retryable error
             log.warning("could not admit chat %s: %r", request_id, exc)
             conn.close_chat(request_id)
@@ -221,7 +241,11 @@ class EdgeService:
                 self._deliver(conn, delivery.event)
 
     def _deliver(self, conn: Connection, event: wire.Event) -> None:
-        if conn.deliver(event):
+        chat, sent = conn.deliver(event)
+        if chat is None:
+            return
+        self.metrics.observe(chat, sent)
+        if sent and chat.order.finished:
             self._spawn(self._forget_route(event.request_id))
 
     async def _forget_route(self, request_id: str) -> None:

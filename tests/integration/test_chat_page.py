@@ -1,6 +1,6 @@
 """The browser chat page in a real headless Chromium, against real edges, Kafka, workers and routers.
 
-Needs Debian's chromium (/usr/bin/chromium) and Playwright for Python; skipped without them.
+Needs Debian's chromium (/usr/bin/chromium) and Playwright for Python, which `make test` installs.
 `DRIVETRAIN_DOCS_SCREENSHOT=1` also writes the screenshot test's picture to docs/chat-page.png.
 """
 
@@ -15,12 +15,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from playwright.async_api import async_playwright, expect
 
 from shared.launcher import Fleet
 from tests.fleet_fixtures import start_fleet
-
-playwright_api = pytest.importorskip("playwright.async_api")
-async_playwright, expect = playwright_api.async_playwright, playwright_api.expect
 
 CHROMIUM = os.environ.get("DRIVETRAIN_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -36,7 +34,10 @@ MID_STREAM_TEXT = """() => {
   return reply?.dataset.status === "streaming" && reply.querySelector(".body").textContent;
 }"""
 
-pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"no browser at {CHROMIUM}")
+
+@pytest.fixture(scope="module", autouse=True)
+def browser_installed() -> None:
+    assert shutil.which(CHROMIUM), f"no browser at {CHROMIUM}: `apt-get install chromium` (make test does)"
 
 
 def words(n: int, tag: str = "w") -> str:

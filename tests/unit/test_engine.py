@@ -96,7 +96,7 @@ def random_prompts(seed: int, lengths: list[int], shared_prefix: int = 0) -> lis
 LENGTHS = [1, 5, 16, 17, 31, 48, 70, 90]
 MAX_TOKENS = [6, 1, 9, 4, 12, 7, 3, 10]
 SCENARIOS = {
-    # budget of 24 tokens a step: every prompt but the shortest is split into chunks
+    # a budget of 24 tokens a step: the longer prompts are computed a chunk at a time
     "chunked": (EngineConfig(max_batch_tokens=24, num_kv_blocks=128), 0),
     # 40 shared tokens = 2 full blocks + 8: later prompts hit the first two blocks
     "prefix": (EngineConfig(max_batch_tokens=64, num_kv_blocks=128), 40),
@@ -105,11 +105,20 @@ SCENARIOS = {
 }
 
 
+class RecordingRunner(ModelRunner):
+    """Keeps (request id, start position, tokens, sample) of every chunk it runs."""
+
+    def run(self, out: SchedulerOutput) -> dict[str, int]:
+        self.chunks = getattr(self, "chunks", [])
+        self.chunks += [(c.request_id, c.start_position, c.num_tokens, c.sample) for c in out.chunks]
+        return super().run(out)
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_tiny_engine_greedy_equals_dense_loop(tiny: LlamaModel, scenario: str) -> None:
     config, shared = SCENARIOS[scenario]
     prompts = random_prompts(1, LENGTHS, shared)
-    engine = Engine(tiny, config, eos_token_ids=())
+    engine = Engine(tiny, config, eos_token_ids=(), runner_cls=RecordingRunner)
     requests = [
         Request(f"r{i}", p, SamplingParams(max_tokens=n, temperature=0.0))
         for i, (p, n) in enumerate(zip(prompts, MAX_TOKENS))
@@ -120,14 +129,23 @@ def test_tiny_engine_greedy_equals_dense_loop(tiny: LlamaModel, scenario: str) -
         assert request.output_token_ids == dense_greedy(tiny, prompt, n), request.request_id
         assert request.status.finish_reason == "length"
         assert [u.finish_reason for u in updates if u.request_id == request.request_id][-1] == "length"
-    if scenario == "chunked":
-        assert any(len(p) > 24 for p in prompts)  # at least one prompt cannot go in one step
+    chunks = engine.runner.chunks
+    if scenario == "chunked":  # prompts continued from the middle, over several steps
+        assert sum(1 for _, start, _, sample in chunks if start > 0 and not sample) >= 3
     if scenario == "prefix":
-        # The first step admits two prompts before any block is cached; the rest hit both blocks.
+        # The first step admits two prompts before any block is cached; the rest hit both blocks
+        # and start computing at position 32.
         assert sorted(r.num_cached_tokens for r in requests) == [0, 0] + [32] * (len(requests) - 2)
-        assert engine.kv_cache_manager.num_prefix_hit_tokens > 0
-    if scenario == "preempt":
+        first_starts = {rid: start for rid, start, _, _ in reversed(chunks)}
+        assert sorted(first_starts.values()) == [0, 0] + [32] * (len(requests) - 2)
+    if scenario == "preempt":  # preempted requests compute again what they had lost
         assert engine.scheduler.num_preemptions > 0
+        computed: dict[str, int] = {}
+        recomputed = 0
+        for rid, start, num_tokens, _ in chunks:
+            recomputed += start < computed.get(rid, 0)
+            computed[rid] = start + num_tokens
+        assert recomputed > 0
     pool = engine.kv_cache_manager.block_pool
     assert pool.num_free_blocks == pool.num_usable_blocks  # everything given back
 
@@ -182,31 +200,31 @@ def test_a_request_that_raises_fails_alone(tiny: LlamaModel) -> None:
     assert pool.num_free_blocks == pool.num_usable_blocks
 
 
-def sampled_tokens(model: LlamaModel, config: EngineConfig, target: list[int], others: list[list[int]]) -> list[int]:
+def run_seeded(model: LlamaModel, config: EngineConfig, target: list[int], others: list[list[int]]) -> Request:
     seeded = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=1234)
     engine = Engine(model, config, eos_token_ids=())
     request = Request("target", target, seeded)
     # Others sample too, unseeded, from the global stream: they must not disturb the target's draws.
     noise = [Request(f"o{i}", p, SamplingParams(max_tokens=9, temperature=0.8)) for i, p in enumerate(others)]
-    run_all(engine, noise[:1] + [request] + noise[1:])
-    return request.output_token_ids
+    run_all(engine, noise + [request])  # the target last: the newest, so the first preempted
+    return request
 
 
 def test_seeded_sampling_repeats_across_runs_and_batches(tiny: LlamaModel) -> None:
     target, *others = random_prompts(4, [21, 9, 40, 3, 64])
     roomy = EngineConfig(max_batch_tokens=64, num_kv_blocks=128)
-    alone = sampled_tokens(tiny, roomy, target, [])
-    assert sampled_tokens(tiny, roomy, target, []) == alone
-    assert sampled_tokens(tiny, roomy, target, others) == alone
-    assert sampled_tokens(tiny, EngineConfig(max_batch_tokens=16, num_kv_blocks=128), target, others[:2]) == alone
+    alone = run_seeded(tiny, roomy, target, []).output_token_ids
+    assert len(set(alone)) > 6  # really sampled, not one token over and over
+    assert run_seeded(tiny, roomy, target, []).output_token_ids == alone
+    assert run_seeded(tiny, roomy, target, others).output_token_ids == alone
+    chunked = EngineConfig(max_batch_tokens=16, num_kv_blocks=128)
+    assert run_seeded(tiny, chunked, target, others[:2]).output_token_ids == alone
     # Even a preempted and recomputed request draws the same tokens.
-    cramped = EngineConfig(max_batch_tokens=32, num_kv_blocks=9, max_num_seqs=4)
-    assert sampled_tokens(tiny, cramped, target, others) == alone
-    assert len(set(alone)) > 1  # really sampled: greedy on a random model would not vary this much
-    other_seed = Engine(tiny, roomy, eos_token_ids=())
-    request = Request("x", target, SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=1235))
-    run_all(other_seed, [request])
-    assert request.output_token_ids != alone
+    preempted = run_seeded(tiny, EngineConfig(max_batch_tokens=64, num_kv_blocks=8), target, others[:3])
+    assert preempted.num_preemptions > 0 and preempted.output_token_ids == alone
+    other_seed = Request("x", target, SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=1235))
+    run_all(Engine(tiny, roomy, eos_token_ids=()), [other_seed])
+    assert other_seed.output_token_ids != alone
 
 
 def test_eos_and_max_model_len_stop_a_request(tiny: LlamaModel) -> None:
