@@ -21,8 +21,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.membership import MembershipConfig, Simulation, Status  # noqa: E402
-from shared.membership.timing import suspicion_bounds  # noqa: E402
+from shared.membership import MembershipConfig, Simulation, Status
+from shared.membership.timing import suspicion_bounds
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG = MembershipConfig.lan(secret="bench")

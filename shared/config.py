@@ -27,6 +27,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "internal_host": "0.0.0.0",
         "gossip_profile": "lan",
         "gossip_host": "0.0.0.0",
+        "metrics_host": "0.0.0.0",
         "gossip_port": 7946,
         "gossip_seeds": "edge-0:7946",
     },
@@ -52,6 +53,8 @@ class CommonConfig:
     gossip_port: int = doc("gossip port; 0 picks a free one", 0)
     gossip_seeds: str = doc("members to join through, host:port[,host:port]", "127.0.0.1:7946")
     gossip_secret: str = doc("shared key that signs gossip packets (empty: the profile's)", "")
+    metrics_host: str = doc("address the /metrics endpoint binds to (workers and routers)", "127.0.0.1")
+    metrics_port: int = doc("port of the Prometheus /metrics endpoint (0: none; the edge serves it on its own port)", 0)
 
     @property
     def topics(self) -> TopicLayout:

@@ -37,6 +37,12 @@ class FleetSpec:
     def edge_ids(self) -> list[str]:
         return [f"edge-{i}" for i in range(self.edges)]
 
+    def worker_metrics_port(self, i: int) -> int:
+        return self.base_port + 200 + i
+
+    def router_metrics_port(self, i: int) -> int:
+        return self.base_port + 300 + i
+
     def gossip_seeds(self) -> str:
         return ",".join(f"127.0.0.1:{self.base_gossip_port + i}" for i in range(self.edges))
 
@@ -64,7 +70,7 @@ class Fleet:
         for i in range(self.spec.edges):
             self.start_edge(i)
         for i in range(self.spec.routers):
-            self.start_child(f"router-{i}", "router", "--router-id", f"router-{i}")
+            self.start_child(f"router-{i}", "router", "--router-id", f"router-{i}", "--metrics-port", str(self.spec.router_metrics_port(i)))
         for i in range(self.spec.workers):
             self.start_worker(i)
         self.wait_ready(ready_timeout_s)
@@ -77,7 +83,7 @@ class Fleet:
         )
 
     def start_worker(self, i: int) -> None:
-        args = ["--worker-id", f"worker-{i}", "--model", self.spec.model]
+        args = ["--worker-id", f"worker-{i}", "--model", self.spec.model, "--metrics-port", str(self.spec.worker_metrics_port(i))]
         if self.spec.model == "echo":
             args += ["--echo-delay-ms", str(self.spec.echo_delay_ms)]
         self.start_child(f"worker-{i}", "worker", *args, *self.spec.worker_args)

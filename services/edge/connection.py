@@ -10,17 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-from collections.abc import Awaitable, Callable
 
 from starlette.websockets import WebSocketDisconnect
 
 from services.edge.protocol import event_frame
 from services.edge.stream_order import StreamOrder
 from shared import wire
-
 
 Frame = dict[str, Any]
 

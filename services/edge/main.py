@@ -13,8 +13,14 @@ from services.edge.app import build_app
 from services.edge.config import EdgeConfig
 from services.edge.prompt_limit import prompt_limit_for
 from services.edge.service import EdgeService
-from shared.fleet_membership import advertised_host, join_fleet, on_departure, publish_load
+from shared.fleet_membership import (
+    advertised_host,
+    join_fleet,
+    on_departure,
+    publish_load,
+)
 from shared.kafka_clients import make_producer
+from shared.metrics import GossipCollector
 from shared.redis_client import make_cluster
 from shared.runtime import run_until_signalled, setup_logging
 
@@ -52,6 +58,7 @@ async def serve_edge(config: EdgeConfig) -> None:
     addresses = {"internal": f"{advertised_host(config.internal_host)}:{config.internal_port}"}
     membership = await join_fleet(config, config.edge_id, "edge", addresses, service.load())
     on_departure(membership, "worker", service.fail_worker)
+    service.registry.register(GossipCollector(membership))
     serving = asyncio.create_task(server.serve())
     watchdog = asyncio.create_task(service.run_watchdog())
     loading = asyncio.create_task(publish_load(membership, service.load))

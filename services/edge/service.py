@@ -24,9 +24,9 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+from services.edge.auth import DEFAULT_TIER, parse_tiers
 from services.edge.config import EdgeConfig
 from services.edge.connection import Connection
-from services.edge.auth import DEFAULT_TIER, parse_tiers
 from services.edge.deadlines import Deadlines, overdue
 from services.edge.metrics import EdgeMetrics
 from services.edge.prompt_limit import PromptLimit

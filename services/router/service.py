@@ -15,17 +15,25 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from aiokafka import AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+from aiokafka import (
+    AIOKafkaProducer,
+    ConsumerRebalanceListener,
+    ConsumerRecord,
+    TopicPartition,
+)
+from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 from services.router.config import RouterConfig
 from services.router.edge_links import EdgeLink, EdgeUnreachable
+from services.router.metrics import RouterMetrics
 from shared import wire
 from shared.config import parse_address
 from shared.fleet_membership import join_fleet
 from shared.kafka_clients import make_consumer, make_producer, send_dead_letter
 from shared.membership import Membership
 from shared.membership.member import GONE
+from shared.metrics import GossipCollector, serve_metrics, watch_consumer_lag
 from shared.redis_client import make_cluster
 from shared.routing_map import Route, RoutingMap
 
@@ -61,8 +69,8 @@ class RouterService:
         self._membership: Membership | None = None
         self._routes: RoutingMap | None = None
         self._producer: AIOKafkaProducer | None = None
-        self.num_unroutable = 0
-        self.num_dead_letters = 0
+        self.registry = CollectorRegistry()
+        self.metrics = RouterMetrics(self.registry)
 
     async def run(self) -> None:
         name = self.config.name
@@ -73,7 +81,10 @@ class RouterService:
         consumer.subscribe([self.topics.tokens], listener=_ReadyOnAssignment(name))
         await self._producer.start()
         self._membership = await join_fleet(self.config, name, "router", {}, {})
+        self.registry.register(GossipCollector(self._membership))
         await consumer.start()
+        lag = watch_consumer_lag(consumer, self.registry)
+        serve_metrics(self.registry, self.config.metrics_host, self.config.metrics_port)
         try:
             while True:
                 batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
@@ -82,6 +93,7 @@ class RouterService:
                     await self._route(records)
                     await consumer.commit()
         finally:
+            lag.cancel()
             with contextlib.suppress(Exception):
                 await consumer.stop()
             await self._producer.stop()
@@ -107,14 +119,20 @@ class RouterService:
         for event in events:
             route = routes.get(event.request_id)
             if route is None or self._link(route.edge_id) is None:
-                self.num_unroutable += 1
+                self.metrics.unroutable.inc()
                 continue
             per_edge[route.edge_id].append(wire.Delivery(route.conn_id, event))
+        self.metrics.events.inc(len(events))
+        self.metrics.forwards.inc(len(per_edge))
         sends = [self._forward(edge_id, deliveries) for edge_id, deliveries in per_edge.items()]
         await asyncio.gather(*sends)
 
     async def _lookup(self, request_ids: list[str], min_epochs: dict[str, int]) -> dict[str, Route]:
-        return await self._retry_redis(lambda: self._routes.get_many(request_ids, min_epochs))
+        hits, misses = self._routes.num_cache_hits, self._routes.num_cache_misses
+        routes = await self._retry_redis(lambda: self._routes.get_many(request_ids, min_epochs))
+        self.metrics.cache_hits.inc(self._routes.num_cache_hits - hits)
+        self.metrics.cache_misses.inc(self._routes.num_cache_misses - misses)
+        return routes
 
     async def _record_claims(self, starts: list[wire.Started]) -> None:
         """Who started what goes into the routing map, where a worker that is handed the
@@ -151,9 +169,9 @@ class RouterService:
             await self._links[edge_id].send(wire.encode(wire.ForwardBatch(deliveries)))
         except EdgeUnreachable as exc:
             # Its clients' sockets died with it; nothing is left to deliver to.
-            self.num_unroutable += len(deliveries)
+            self.metrics.unroutable.inc(len(deliveries))
             log.warning("%s; dropped %d events", exc, len(deliveries))
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
-        self.num_dead_letters += 1
+        self.metrics.dead_letters.inc()
         await send_dead_letter(self._producer, self.topics.dead_letter, record, self.config.name, reason)

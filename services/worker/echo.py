@@ -12,7 +12,13 @@ import re
 import time
 from dataclasses import dataclass
 
-from services.worker.generation import GenerationRequest, RequestRejected, StartListener, StepOutput, Usage
+from services.worker.generation import (
+    GenerationRequest,
+    RequestRejected,
+    StartListener,
+    StepOutput,
+    Usage,
+)
 
 CONTEXT_PIECES = 8192
 _PIECE = re.compile(r"\s*\S+\s*")

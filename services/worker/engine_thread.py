@@ -12,7 +12,12 @@ import queue
 import threading
 from collections.abc import Callable
 
-from services.worker.generation import GenerationEngine, GenerationRequest, RequestRejected, StepOutput
+from services.worker.generation import (
+    GenerationEngine,
+    GenerationRequest,
+    RequestRejected,
+    StepOutput,
+)
 
 log = logging.getLogger(__name__)
 

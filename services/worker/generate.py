@@ -85,5 +85,5 @@ def _print_result(
             record["error"] = errors[request_id]
         print(json.dumps(record, ensure_ascii=False), flush=True)
         return
-    print(f"=== {prompt}")
+    print(f"=== {prompt if len(prompt) <= 80 else prompt[:77] + '...'}")
     print(f"error: {errors[request_id]}" if request_id in errors else text, flush=True)

@@ -8,6 +8,7 @@ from services.worker.config import WorkerConfig
 from services.worker.generation import GenerationEngine
 from services.worker.service import WorkerService
 from shared.fleet_membership import is_alive, join_fleet, on_departure, publish_load
+from shared.metrics import GossipCollector
 from shared.redis_client import make_cluster
 from shared.routing_map import RoutingMap
 from shared.runtime import run_until_signalled, setup_logging
@@ -27,6 +28,7 @@ async def serve_worker(config: WorkerConfig, engine: GenerationEngine) -> None:
     redis = make_cluster(config.redis_startup_nodes())
     membership = await join_fleet(config, config.name, "worker", {}, engine.load())
     service = WorkerService(config, engine, RoutingMap(redis), is_alive=lambda wid: is_alive(membership, wid))
+    service.registry.register(GossipCollector(membership))
     on_departure(membership, "edge", service.cancel_edge)
     loading = asyncio.create_task(publish_load(membership, engine.load))
     try:

@@ -16,18 +16,32 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+from aiokafka import (
+    AIOKafkaConsumer,
+    AIOKafkaProducer,
+    ConsumerRebalanceListener,
+    ConsumerRecord,
+    TopicPartition,
+)
 from cachetools import TTLCache
+from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 from services.worker.config import WorkerConfig
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine_thread import EngineThread
-from services.worker.generation import GenerationEngine, GenerationRequest, StepOutput, Usage
+from services.worker.generation import (
+    GenerationEngine,
+    GenerationRequest,
+    StepOutput,
+    Usage,
+)
+from services.worker.metrics import WorkerMetrics
 from services.worker.offset_tracker import OffsetTracker
 from services.worker.streams import StreamRegistry
 from shared import wire
 from shared.kafka_clients import make_consumer, make_producer, send_dead_letter
+from shared.metrics import serve_metrics, watch_consumer_lag
 from shared.routing_map import RoutingMap
 
 log = logging.getLogger(__name__)
@@ -69,8 +83,8 @@ class WorkerService:
         self._thread: EngineThread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._announced = False
-        self.num_dead_letters = 0
-        self.num_quarantined = 0
+        self.registry = CollectorRegistry()
+        self.metrics = WorkerMetrics(self.registry, engine.load)
 
     async def run(self) -> None:
         name, bootstrap = self.config.name, self.config.kafka_bootstrap
@@ -82,6 +96,8 @@ class WorkerService:
         await producer.start()
         await requests.start()
         await control.start()
+        lag = watch_consumer_lag(requests, self.registry)
+        serve_metrics(self.registry, self.config.metrics_host, self.config.metrics_port)
         self._loop = asyncio.get_running_loop()
         self._engine.start_listener = self._record_starts
         self._thread = EngineThread(self._engine, self._loop, self._outbox.put_nowait)
@@ -92,6 +108,7 @@ class WorkerService:
                 tasks.create_task(self._consume_control(control))
                 tasks.create_task(self._publish_outputs())
         finally:
+            lag.cancel()
             self._thread.stop()
             for client in (requests, control):
                 with contextlib.suppress(Exception):
@@ -134,6 +151,7 @@ class WorkerService:
             self._outbox.put_nowait([StepOutput(stream.request_id, error_code="invalid_request", error_message=str(exc))])
             return None
         messages = [{"role": m.role, "content": m.content} for m in chat.messages]
+        self.metrics.requests.inc()
         self._thread.add(GenerationRequest(chat.request_id, chat.tenant, messages, sampling))
         return chat.request_id
 
@@ -145,7 +163,7 @@ class WorkerService:
             return None
 
     async def _quarantine(self, chat: wire.ChatRequest, owner: str) -> None:
-        self.num_quarantined += 1
+        self.metrics.quarantined.inc()
         log.warning("quarantining %s: worker %s died while running it", chat.request_id, owner)
         message = "a worker died while running this request; it is not run again"
         error = wire.Error(chat.request_id, wire.OUT_OF_BAND, "request_quarantined", message, False)
@@ -238,6 +256,8 @@ class WorkerService:
                 if output.finished:
                     self._streams.end(output.request_id)
             for edge_id, events in by_edge.items():
+                self.metrics.tokens.inc(sum(isinstance(e, wire.Token) for e in events))
+                self.metrics.batches.inc()
                 await self._send(edge_id, events, epochs[edge_id])
 
     async def _send(self, edge_id: str, events: list[wire.Event], epochs: dict[str, int], wait: bool = False) -> None:
@@ -246,6 +266,6 @@ class WorkerService:
         await send(self.topics.tokens, wire.encode(batch), key=edge_id.encode())
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
-        self.num_dead_letters += 1
+        self.metrics.dead_letters.inc()
         await send_dead_letter(self._producer, self.topics.dead_letter, record, self.config.name, reason)
 

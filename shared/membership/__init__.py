@@ -6,7 +6,13 @@ runs whole clusters in virtual time.
 
 from shared.membership.codec import Drop
 from shared.membership.config import PROFILES, MembershipConfig, profile
-from shared.membership.member import Address, MemberEvent, MemberView, Status, supersedes
+from shared.membership.member import (
+    Address,
+    MemberEvent,
+    MemberView,
+    Status,
+    supersedes,
+)
 from shared.membership.memory import FaultModel, InMemoryNetwork, InMemoryTransport
 from shared.membership.node import Node, Outgoing
 from shared.membership.query import members_json, members_table, query_members
@@ -15,7 +21,25 @@ from shared.membership.simulation import Simulation
 from shared.membership.transport import Transport, UdpTransport
 
 __all__ = [
-    "Address", "Drop", "FaultModel", "InMemoryNetwork", "InMemoryTransport", "MemberEvent", "MemberView",
-    "Membership", "MembershipConfig", "Node", "Outgoing", "PROFILES", "Simulation", "Status", "Transport",
-    "UdpTransport", "members_json", "members_table", "profile", "query_members", "supersedes",
+    "PROFILES",
+    "Address",
+    "Drop",
+    "FaultModel",
+    "InMemoryNetwork",
+    "InMemoryTransport",
+    "MemberEvent",
+    "MemberView",
+    "Membership",
+    "MembershipConfig",
+    "Node",
+    "Outgoing",
+    "Simulation",
+    "Status",
+    "Transport",
+    "UdpTransport",
+    "members_json",
+    "members_table",
+    "profile",
+    "query_members",
+    "supersedes",
 ]

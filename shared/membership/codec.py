@@ -8,7 +8,13 @@ import hmac
 
 import msgspec
 
-from shared.membership.messages import PROTOCOL_VERSION, Body, Envelope, decode_envelope, encode
+from shared.membership.messages import (
+    PROTOCOL_VERSION,
+    Body,
+    Envelope,
+    decode_envelope,
+    encode,
+)
 
 MAC_SIZE = 32
 # Larger than any datagram we send; anything bigger is not ours and not worth decoding.

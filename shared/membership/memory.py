@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Iterable
+from collections.abc import Iterable
 
 from shared.membership.member import Address
 from shared.membership.transport import Receiver, Transport

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated
 
 import msgspec
 
@@ -14,7 +14,7 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Meta = dict[str, str]
-LoadMap = dict[str, Union[int, float]]
+LoadMap = dict[str, int | float]
 Blobs = list[bytes]
 
 
@@ -56,7 +56,7 @@ class Left(msgspec.Struct, frozen=True, array_like=True, tag="l"):
     incarnation: Count
 
 
-Update = Union[Alive, Suspect, Dead, Left]
+Update = Alive | Suspect | Dead | Left
 
 
 class StateRecord(msgspec.Struct, frozen=True, array_like=True):
@@ -126,7 +126,7 @@ class MembersResponse(msgspec.Struct, frozen=True, array_like=True, tag="mres"):
     states: Blobs
 
 
-Body = Union[Ping, PingReq, Ack, Nack, Gossip, Sync, MembersRequest, MembersResponse]
+Body = Ping | PingReq | Ack | Nack | Gossip | Sync | MembersRequest | MembersResponse
 PIGGYBACKING = (Ping, PingReq, Ack, Nack, Gossip)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import collections
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import msgspec
 
@@ -13,15 +13,16 @@ from shared.membership.awareness import Awareness
 from shared.membership.broadcast import BroadcastQueue
 from shared.membership.codec import Codec, Drop
 from shared.membership.config import MembershipConfig
-from shared.membership.member import GONE, Address, MemberEvent, MemberState, MemberView, Status
+from shared.membership.member import GONE, Address, MemberEvent, MemberState, MemberView
 from shared.membership.messages import (
-    PIGGYBACKING, Ack, Body, Envelope, Gossip, MembersRequest, MembersResponse, Nack, Ping, PingReq,
-    Sync, decode_record, decode_update, encode,
+    PIGGYBACKING, Ack, Body, Envelope, Gossip, MembersRequest, MembersResponse, Nack, Ping, PingReq, Sync,
+    decode_record, decode_update, encode,
 )
 from shared.membership.probe import Prober
 from shared.membership.replay import ReplayGuard
 from shared.membership.table import MemberTable
-from shared.membership.timing import push_pull_interval, retransmit_limit
+from shared.membership.sync import AntiEntropy
+from shared.membership.timing import retransmit_limit
 from shared.membership.writer import PacketWriter
 
 # Never let an oversized meta crowd out everything else in a packet.
@@ -57,14 +58,10 @@ class Node:
         self.replay = ReplayGuard(config.replay_window)
         self.drops: collections.Counter[Drop] = collections.Counter()
         self.prober = Prober(config, self.table, self.awareness, self.rng, self._send_updates, now)
-        self._seeds: list[Address] = []
-        self._seed_answered = False
-        self._resynced: dict[str, float] = {}  # members we last swapped full state with, and when
+        self.sync = AntiEntropy(config, self.table, self.rng, self._push_state, now)
         self._pending_meta: tuple[dict[str, str], dict[str, int | float]] | None = None
         self._last_meta_at = float("-inf")
         self._next_gossip = now
-        self._next_push_pull = now + config.push_pull_interval * self.rng.uniform(0.5, 1.0)
-        self._next_resync = now + config.resync_interval
         self._next_prune = now + 1.0
         self._next_replay_prune = now + config.replay_window
         self._now = now
@@ -102,10 +99,7 @@ class Node:
 
     def next_deadline(self) -> float:
         """When on_tick next has work to do; packets may bring it forward."""
-        times = [
-            self._next_prune, self.table.next_deadline(), self._next_resync, self._next_push_pull,
-            self.prober.next_deadline(),
-        ]
+        times = [self._next_prune, self.table.next_deadline(), self.sync.next_deadline(), self.prober.next_deadline()]
         if len(self.broadcasts):
             times.append(self._next_gossip)
         if self._pending_meta is not None:
@@ -117,9 +111,7 @@ class Node:
         """Push our state to every seed (IP addresses) and ask for theirs; repeated until a seed answers,
         and again whenever we know nobody else."""
         self._begin(now)
-        self._seeds = [tuple(s) for s in seeds if tuple(s) != self.address]  # type: ignore[misc]
-        self._push_pull_to(self._seeds)
-        self._next_resync = now + self.config.resync_interval
+        self.sync.join(seeds, self.address, now)
         return self._flush()
 
     def leave(self, now: float) -> list[Outgoing]:
@@ -163,7 +155,7 @@ class Node:
             self._apply_updates(body.updates, source)
             if envelope.sender not in self.table.members:
                 # A member talks to us that we never heard of: our views have drifted apart.
-                self._resync_with(envelope.sender, source)
+                self.sync.resync_with(envelope.sender, source, now)
         self._handle(envelope, body, source)
         return self._flush()
 
@@ -174,17 +166,11 @@ class Node:
         if now >= self._next_gossip:
             self._next_gossip = now + self.config.gossip_interval
             self._gossip_round()
-        if now >= self._next_push_pull:
-            self._next_push_pull = now + push_pull_interval(self.config.push_pull_interval, self.table.num_active())
-            self._periodic_push_pull()
-        if now >= self._next_resync:
-            self._next_resync = now + self.config.resync_interval
-            self._reconnect()
+        self.sync.step(now)
         self._publish_meta_if_due(now)
         if now >= self._next_prune:
             self._next_prune = now + 1.0
             self.table.prune(now)
-            self._resynced = {k: t for k, t in self._resynced.items() if now - t < self.config.resync_interval}
         if now >= self._next_replay_prune:
             self._next_replay_prune = now + self.config.replay_window
             self.replay.prune(now)
@@ -196,7 +182,7 @@ class Node:
             if body.target == self.id:
                 self._send_updates(source, lambda u: Ack(body.probe, u))
                 if body.view != self.table.digest:
-                    self._resync_with(envelope.sender, source)
+                    self.sync.resync_with(envelope.sender, source, self._now)
         elif isinstance(body, PingReq):
             self.prober.relay(body, source, self._now)
         elif isinstance(body, Ack):
@@ -205,10 +191,10 @@ class Node:
             self.prober.on_nack(body.probe)
         elif isinstance(body, Sync):
             self._merge_records(body.states, envelope.sender)
-            if not body.request and source in self._seeds:
-                self._seed_answered = True
             if body.request:
                 self._send_state(source, lambda s, i, n: Sync(False, s))
+            else:
+                self.sync.on_answer(source)
         elif isinstance(body, MembersRequest):
             self._send_state(source, lambda s, i, n: MembersResponse(body.request_id, i, n, s))
 
@@ -229,15 +215,6 @@ class Node:
             # The sender missed a refutation we heard; tell it directly rather than
             # hoping random gossip reaches it before its suspicion runs out.
             self._send_updates(source, Gossip, corrections)
-
-
-    def _resync_with(self, sender: str, source: Address) -> None:
-        """Swap full state with one member, at most once per resync_interval: views differ briefly
-        after every change, and gossip alone will usually settle them."""
-        if self.leaving or self._now - self._resynced.get(sender, float("-inf")) < self.config.resync_interval:
-            return
-        self._resynced[sender] = self._now
-        self._push_pull_to([source])
 
     def _merge_records(self, blobs: list[bytes], sender: str) -> None:
         for blob in blobs:
@@ -267,28 +244,6 @@ class Node:
                 return
             self._send_updates(target.address, Gossip)
 
-    def _periodic_push_pull(self) -> None:
-        if self.leaving:
-            return
-        for peer in self.table.pick(self.rng, 1, lambda m: m.status is Status.ALIVE):
-            self._push_pull_to([peer.address])
-
-    def _reconnect(self) -> None:
-        """No seed has answered yet, or we are alone: knock on the seeds again. Otherwise swap state
-        with one member we hold dead, which is how the two sides of a healed partition find each other."""
-        if self.leaving:
-            return
-        if not self._seed_answered or not self.has_peers():
-            self._push_pull_to(self._seeds)
-            return
-        dead = [m for m in self.table.others() if m.status is Status.DEAD]
-        if dead:
-            self._push_pull_to([self.rng.choice(dead).address])
-
-    def _push_pull_to(self, addresses: Sequence[Address]) -> None:
-        for address in addresses:
-            self._send_state(address, lambda s, i, n: Sync(True, s))
-
     def _publish_meta_if_due(self, now: float) -> None:
         if self._pending_meta is None or now < self._last_meta_at + self.config.meta_min_interval:
             return
@@ -305,6 +260,9 @@ class Node:
         limit = retransmit_limit(self.config.retransmit_mult, self.table.num_active())
         data = self.writer.with_updates(make_body, self.broadcasts, limit, self._now, first)
         self._out.append(Outgoing(address, data))
+
+    def _push_state(self, address: Address) -> None:
+        self._send_state(address, lambda s, i, n: Sync(True, s))
 
     def _send_state(self, address: Address, make_body: Callable[[list[bytes], int, int], Body]) -> None:
         blobs = [encode(r) for r in self.table.records()]

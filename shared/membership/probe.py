@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from shared.membership.awareness import Awareness
 from shared.membership.config import MembershipConfig
@@ -12,6 +12,7 @@ from shared.membership.member import GONE, Address, MemberState, Status
 from shared.membership.messages import Ack, Body, Nack, Ping, PingReq, Suspect, encode
 from shared.membership.table import MemberTable
 
+NACK_FRACTION = 0.8
 # send(address, make_body, first): seal make_body(updates) with piggybacked updates, `first` ahead of them.
 Send = Callable[[Address, Callable[[list[bytes]], Body], "list[bytes] | None"], None]
 
@@ -104,11 +105,13 @@ class Prober:
             self._start(now)
         for relay_id in [i for i, r in self.relays.items() if r.nack_at <= now]:
             relay = self.relays.pop(relay_id)
-            self.send(relay.origin, lambda u: Nack(relay.origin_probe, u), None)
+            self.send(relay.origin, lambda u, r=relay: Nack(r.origin_probe, u), None)
 
     def relay(self, request: PingReq, source: Address, now: float) -> None:
         relay_id = self._next_id()
-        self.relays[relay_id] = Relay(source, request.probe, now + self.config.probe_timeout)
+        # The nack must reach the asker before its probe period ends; the asker sent us the request
+        # one probe timeout into a period at least twice as long, so 80% of a timeout leaves room.
+        self.relays[relay_id] = Relay(source, request.probe, now + NACK_FRACTION * self.config.probe_timeout)
         view = self.table.digest
         self.send((request.host, request.port), lambda u: Ping(relay_id, request.target, view, u), None)
 

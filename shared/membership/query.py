@@ -7,12 +7,18 @@ import json
 import os
 import secrets
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from shared.membership.codec import Codec
 from shared.membership.config import MembershipConfig
 from shared.membership.member import Address, MemberView
-from shared.membership.messages import MembersRequest, MembersResponse, StateRecord, decode_record
+from shared.membership.messages import (
+    MembersRequest,
+    MembersResponse,
+    StateRecord,
+    decode_record,
+)
 from shared.membership.transport import UdpTransport
 
 

@@ -10,7 +10,8 @@ import os
 import random
 import socket
 import time
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Self
 
 from shared.membership.config import MembershipConfig
 from shared.membership.member import GONE, Address, MemberEvent, MemberView, Status
@@ -102,7 +103,7 @@ class Membership:
             await self._transport.close()
             self._transport = None
 
-    async def __aenter__(self) -> Membership:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

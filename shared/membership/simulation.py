@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 from shared.membership.config import MembershipConfig
 from shared.membership.member import Address, Status

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from shared.membership.awareness import Awareness
 from shared.membership.broadcast import BroadcastQueue
 from shared.membership.config import MembershipConfig
 from shared.membership.member import GONE, MemberEvent, MemberState, Status, supersedes
-from shared.membership.messages import Alive, Dead, Left, StateRecord, Suspect, Update, encode
+from shared.membership.messages import (
+    Alive,
+    Dead,
+    Left,
+    StateRecord,
+    Suspect,
+    Update,
+    encode,
+)
 from shared.membership.suspicion import Suspicion
 from shared.membership.timing import expected_confirmations, suspicion_bounds
 
@@ -185,6 +193,8 @@ class MemberTable:
 
     def publish_meta(self, addresses: dict[str, str], load: dict[str, int | float], now: float) -> None:
         """New addresses or load are news about ourselves: a new incarnation carries them."""
+        if self.leaving:
+            return  # an alive now would overrule our own goodbye
         self.me.addresses, self.me.load = dict(addresses), dict(load)
         self.me.incarnation += 1
         self.broadcasts.queue(self.me.id, encode(self.self_alive()))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from shared.membership.broadcast import BroadcastQueue, blob_cost
 from shared.membership.codec import MAC_SIZE, Codec

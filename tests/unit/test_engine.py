@@ -4,8 +4,10 @@ repeatable; stop conditions; the padding rows that CUDA graphs rely on."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
+import os
 import random
 
 import pytest
@@ -279,6 +281,26 @@ def test_padding_rows_write_nothing_and_leave_real_rows_unchanged(tiny: LlamaMod
     for (k, _), before in zip(runner.kv_caches, caches_before):
         assert torch.equal(k[0], before[0])  # the null block never written
         assert not torch.equal(k[5][3], before[5][3])  # the real row was
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+    reason="needs a GPU, and the compiled kernels: run with TRITON_INTERPRET=0",
+)
+def test_cuda_graph_replay_equals_eager_and_dense(tiny: LlamaModel) -> None:
+    model = copy.deepcopy(tiny).to("cuda")
+    prompts = random_prompts(9, [3, 18, 40, 7, 29])  # five sequences: replayed padded to 8, then 4, 2, 1
+    max_tokens = [9, 5, 12, 3, 7]
+    outputs = {}
+    for graphs in (True, False):
+        engine = Engine(model, EngineConfig(num_kv_blocks=64, max_num_seqs=8, cuda_graphs=graphs), eos_token_ids=())
+        assert (engine.runner.graphs is not None) == graphs
+        requests = [Request(str(i), p, SamplingParams(max_tokens=n, temperature=0.0))
+                    for i, (p, n) in enumerate(zip(prompts, max_tokens))]
+        run_all(engine, requests)
+        outputs[graphs] = [r.output_token_ids for r in requests]
+    assert outputs[True] == outputs[False]
+    assert outputs[True] == [dense_greedy(tiny, p, n) for p, n in zip(prompts, max_tokens)]
 
 
 def test_graph_batch_sizes_cover_every_batch() -> None:

@@ -7,8 +7,18 @@ from shared.membership.codec import Codec, Drop, encode_any, encode_frame
 from shared.membership.config import MembershipConfig
 from shared.membership.member import Status
 from shared.membership.messages import (
-    PROTOCOL_VERSION, Ack, Alive, Envelope, Gossip, MembersRequest, MembersResponse, Ping, Sync, decode_record,
-    decode_update, encode,
+    PROTOCOL_VERSION,
+    Ack,
+    Alive,
+    Envelope,
+    Gossip,
+    MembersRequest,
+    MembersResponse,
+    Ping,
+    Sync,
+    decode_record,
+    decode_update,
+    encode,
 )
 from shared.membership.node import Node
 from shared.membership.replay import ReplayGuard

@@ -52,6 +52,8 @@ def test_crashed_member_is_declared_dead_by_everyone_within_bounds():
     first_dead = min(c.at for c in dead_notices(sim, ["m7"]))
     assert first_dead - first_suspect >= shortest - 1e-9  # nobody skipped the suspicion
     assert {c.member for c in dead_notices(sim)} == {"m7"}
+    # Helpers answered the failed indirect probes with nacks, so the probers kept trusting themselves.
+    assert max(node.awareness.score for node in sim.live()) == 0
 
 
 def test_no_false_positives_over_300_periods_with_5_percent_loss():

@@ -6,7 +6,15 @@ from shared.membership.awareness import Awareness
 from shared.membership.broadcast import BroadcastQueue
 from shared.membership.config import MembershipConfig
 from shared.membership.member import MemberState, Status, supersedes
-from shared.membership.messages import Alive, Dead, Left, StateRecord, Suspect, decode_update, encode
+from shared.membership.messages import (
+    Alive,
+    Dead,
+    Left,
+    StateRecord,
+    Suspect,
+    decode_update,
+    encode,
+)
 from shared.membership.table import MemberTable
 from shared.membership.timing import expected_confirmations
 
@@ -35,7 +43,7 @@ def test_precedence(new, new_inc, old, old_inc, wins):
 
 
 def alive(member, inc=0, **changes):
-    fields = dict(role="worker", host="10.0.0.9", port=7946, addresses={}, load={}, pid=1) | changes
+    fields = {"role": "worker", "host": "10.0.0.9", "port": 7946, "addresses": {}, "load": {}, "pid": 1} | changes
     return Alive(member, inc, **fields)
 
 

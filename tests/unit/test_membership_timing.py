@@ -5,8 +5,14 @@ import pytest
 from shared.membership.awareness import Awareness
 from shared.membership.suspicion import Suspicion
 from shared.membership.timing import (
-    confirmed_timeout, expected_confirmations, node_scale, push_pull_interval, retransmit_limit, scaled,
-    suspicion_bounds, suspicion_timeout,
+    confirmed_timeout,
+    expected_confirmations,
+    node_scale,
+    push_pull_interval,
+    retransmit_limit,
+    scaled,
+    suspicion_bounds,
+    suspicion_timeout,
 )
 
 

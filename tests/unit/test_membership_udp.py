@@ -7,7 +7,13 @@ import time
 import pytest
 
 from shared.membership import (
-    InMemoryNetwork, Membership, MembershipConfig, Status, members_json, members_table, query_members,
+    InMemoryNetwork,
+    Membership,
+    MembershipConfig,
+    Status,
+    members_json,
+    members_table,
+    query_members,
 )
 
 CONFIG = MembershipConfig.local(bind_port=0)

@@ -12,7 +12,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from services.worker.engine.attention import AttentionMetadata
 from services.worker.engine.config import SHAPES, ModelConfig, shape_config
-from services.worker.engine.model import LlamaModel, allocate_kv_cache, kv_bytes_per_block
+from services.worker.engine.model import (
+    LlamaModel,
+    allocate_kv_cache,
+    kv_bytes_per_block,
+)
 from services.worker.engine.weights import load_model, smollm2_folder
 
 BLOCK_SIZE = 16

@@ -4,7 +4,13 @@ import json
 
 import pytest
 
-from services.edge.protocol import CancelFrame, ChatFrame, ProtocolError, event_frame, parse_client_frame
+from services.edge.protocol import (
+    CancelFrame,
+    ChatFrame,
+    ProtocolError,
+    event_frame,
+    parse_client_frame,
+)
 from shared import wire
 
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.worker.engine.block_pool import BlockHash, BlockPool, KVBlock, hash_block_tokens
+from services.worker.engine.block_pool import (
+    BlockHash,
+    BlockPool,
+    KVBlock,
+    hash_block_tokens,
+)
 from services.worker.engine.request import Request
 
 

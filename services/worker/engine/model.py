@@ -7,7 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.worker.engine.attention import AttentionMetadata, causal_attention, paged_attention
+from services.worker.engine.attention import (
+    AttentionMetadata,
+    causal_attention,
+    paged_attention,
+)
 from services.worker.engine.config import ModelConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each (num_blocks, block_size, Hkv, D)

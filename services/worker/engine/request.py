@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+
 from services.worker.engine.block_pool import BlockHash
 from services.worker.engine.sampling_params import SamplingParams
 

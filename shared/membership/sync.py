@@ -1,0 +1,74 @@
+"""Full-state exchange (push/pull): joining through seeds, the periodic swap, and repairs of views that drifted."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+from shared.membership.config import MembershipConfig
+from shared.membership.member import Address, Status
+from shared.membership.table import MemberTable
+from shared.membership.timing import push_pull_interval
+
+
+class AntiEntropy:
+    """Decides when, and with whom, to swap full state; `push(address)` sends ours with a request for theirs."""
+
+    def __init__(
+        self, config: MembershipConfig, table: MemberTable, rng: random.Random, push: Callable[[Address], None],
+        now: float,
+    ) -> None:
+        self.config = config
+        self.table = table
+        self.rng = rng
+        self.push = push
+        self.seeds: list[Address] = []
+        self.seed_answered = False
+        self._resynced: dict[str, float] = {}  # peers we last swapped with for a repair, and when
+        self.next_push_pull = now + config.push_pull_interval * rng.uniform(0.5, 1.0)
+        self.next_resync = now + config.resync_interval
+
+    def next_deadline(self) -> float:
+        return min(self.next_push_pull, self.next_resync)
+
+    def join(self, seeds: Sequence[Address], own: Address, now: float) -> None:
+        self.seeds = [(host, port) for host, port in seeds if (host, port) != own]
+        for seed in self.seeds:
+            self.push(seed)
+        self.next_resync = now + self.config.resync_interval
+
+    def on_answer(self, source: Address) -> None:
+        """A full state came back in answer to ours."""
+        if source in self.seeds:
+            self.seed_answered = True
+
+    def resync_with(self, sender: str, source: Address, now: float) -> None:
+        """Swap with one peer whose view differs, at most once per resync_interval: views differ
+        briefly after every change, and gossip alone usually settles them."""
+        if self.table.leaving or now - self._resynced.get(sender, float("-inf")) < self.config.resync_interval:
+            return
+        self._resynced[sender] = now
+        self.push(source)
+
+    def step(self, now: float) -> None:
+        if self.table.leaving:
+            return
+        if now >= self.next_push_pull:
+            self.next_push_pull = now + push_pull_interval(self.config.push_pull_interval, self.table.num_active())
+            for peer in self.table.pick(self.rng, 1, lambda m: m.status is Status.ALIVE):
+                self.push(peer.address)
+        if now >= self.next_resync:
+            self.next_resync = now + self.config.resync_interval
+            self._reconnect()
+            self._resynced = {k: t for k, t in self._resynced.items() if now - t < self.config.resync_interval}
+
+    def _reconnect(self) -> None:
+        """No seed has answered yet, or we are alone: knock on the seeds again. Otherwise swap with
+        one member we hold dead, which is how the two sides of a healed partition find each other."""
+        if not self.seed_answered or self.table.active_peers() == 0:
+            for seed in self.seeds:
+                self.push(seed)
+            return
+        dead = [m for m in self.table.others() if m.status is Status.DEAD]
+        if dead:
+            self.push(self.rng.choice(dead).address)
