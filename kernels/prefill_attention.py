@@ -285,8 +285,13 @@ def paged_prefill_attention(
     cu_seqlens_q: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    max_seqlen_q: int | None = None,
 ) -> torch.Tensor:
-    """Prefill attention over the paged cache: the Triton kernel on a GPU, the reference elsewhere."""
+    """Prefill attention over the paged cache: the Triton kernel on a GPU, the reference elsewhere.
+
+    `max_seqlen_q`, when the caller knows it, spares the GPU path a device-to-host sync."""
     if q.is_cuda:
-        return paged_prefill_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+        return paged_prefill_attention_triton(
+            q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_seqlen_q=max_seqlen_q
+        )
     return paged_prefill_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)

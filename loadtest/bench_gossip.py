@@ -97,25 +97,34 @@ def plot(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows, fps = report["join_and_crash"], report["false_positives"]
-    sizes = [r["n"] for r in rows]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    ax = axes[0][0]
+    plot_join_and_crash(axes[0], report["join_and_crash"])
+    plot_loss(axes[1], report["false_positives"], [r["n"] for r in report["join_and_crash"]])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_join_and_crash(axes: Any, rows: list[dict[str, Any]]) -> None:
+    sizes = [r["n"] for r in rows]
+    ax = axes[0]
     ax.plot(sizes, [r["converge_periods"]["p50"] for r in rows], "o-", label="p50")
     ax.plot(sizes, [r["converge_periods"]["max"] for r in rows], "s--", label="max")
     ax.plot(sizes, [math.log2(n) for n in sizes], "k-", alpha=0.3, label="log2 N")
     ax.set(xscale="log", xlabel="members", ylabel="probe periods", title="Join storm: periods until all see all alive")
     ax.set_ylim(bottom=0)
     ax.legend()
-    ax = axes[0][1]
+    ax = axes[1]
     ax.plot(sizes, [r["all_dead_s"]["p50"] for r in rows], "o-", label="all know: p50")
     ax.plot(sizes, [r["all_dead_s"]["max"] for r in rows], "s--", label="all know: max")
     ax.plot(sizes, [r["first_suspect_s"]["p50"] for r in rows], "^:", label="first suspicion: p50")
     ax.plot(sizes, [r["suspicion_min_s"] for r in rows], "k-", alpha=0.3, label="suspicion min")
     ax.set(xscale="log", xlabel="members", ylabel="seconds", title=f"Crash: until every member holds it dead ({PERIOD:g}s period)")
     ax.legend()
+
+
+def plot_loss(axes: Any, fps: list[dict[str, Any]], sizes: list[int]) -> None:
     losses = sorted({f["loss"] for f in fps})
-    ax = axes[1][0]
+    ax = axes[0]
     width = 0.8 / len(sizes)
     for i, n in enumerate(sizes):
         counts = [next(f["members_declared_dead"] for f in fps if f["n"] == n and f["loss"] == loss) for loss in losses]
@@ -125,15 +134,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
            title=f"False positives over {fps[0]['periods']} periods")
     ax.set_ylim(0, max(1, *(f["members_declared_dead"] for f in fps)) + 0.5)
     ax.legend()
-    ax = axes[1][1]
+    ax = axes[1]
     for n in sizes:
         mine = [f for f in fps if f["n"] == n]
         ax.plot([f"{f['loss']:.0%}" for f in mine],
                 [1000 * f["refutations"] / (n * f["periods"]) for f in mine], "o-", label=f"N={n}")
     ax.set(xlabel="packet loss", ylabel="refutations per 1000 member-periods", title="Suspicions refuted by their target")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def main() -> None:

@@ -15,13 +15,25 @@ from shared.membership.codec import Codec, Drop
 from shared.membership.config import MembershipConfig
 from shared.membership.member import GONE, Address, MemberEvent, MemberState, MemberView
 from shared.membership.messages import (
-    PIGGYBACKING, Ack, Body, Envelope, Gossip, MembersRequest, MembersResponse, Nack, Ping, PingReq, Sync,
-    decode_record, decode_update, encode,
+    PIGGYBACKING,
+    Ack,
+    Body,
+    Envelope,
+    Gossip,
+    MembersRequest,
+    MembersResponse,
+    Nack,
+    Ping,
+    PingReq,
+    Sync,
+    decode_record,
+    decode_update,
+    encode,
 )
 from shared.membership.probe import Prober
 from shared.membership.replay import ReplayGuard
-from shared.membership.table import MemberTable
 from shared.membership.sync import AntiEntropy
+from shared.membership.table import MemberTable
 from shared.membership.timing import retransmit_limit
 from shared.membership.writer import PacketWriter
 

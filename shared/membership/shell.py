@@ -164,7 +164,12 @@ class Membership:
     def on_change(self, callback: Callback) -> Callable[[], None]:
         """Call callback(event) on each status change, from the event loop; returns an unregister function."""
         self._callbacks.append(callback)
-        return lambda: self._callbacks.remove(callback) if callback in self._callbacks else None
+
+        def unregister() -> None:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+        return unregister
 
     # --- plumbing --------------------------------------------------------------
     async def _run(self) -> None:

@@ -55,6 +55,8 @@ class MemberTable:
 
     def pick(self, rng: random.Random, k: int, eligible: Callable[[MemberState], bool]) -> list[MemberState]:
         """Up to k distinct random peers that are eligible; O(k) when most are, as in a healthy cluster."""
+        if k <= 0:
+            return []
         chosen: dict[str, MemberState] = {}
         for _ in range(4 * k if self.peers else 0):
             m = self.peers[rng.randrange(len(self.peers))]

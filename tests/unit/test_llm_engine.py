@@ -67,6 +67,21 @@ def test_chat_streams_text_and_reports_usage_with_cached_tokens(llm: LLMEngine) 
     assert llm.request_ids() == []
 
 
+def test_starts_are_announced_once_before_computing_and_load_is_reported(llm: LLMEngine) -> None:
+    announced: list[tuple[list[str], int]] = []
+    llm.start_listener = lambda ids: announced.append((list(ids), llm.engine.num_steps))
+    llm.add_request(chat("a", "First."))
+    llm.step()
+    llm.add_request(chat("b", "Second."))
+    load = llm.load()
+    assert load["running"] == 1 and load["waiting"] == 1 and 0 < load["kv_usage"] < 1
+    assert load["free_kv_blocks"] < 23 and "prefix_hit_rate" in load
+    drain(llm)
+    # Each announced once, before the step that first computes it ran (num_steps not yet counted).
+    assert announced == [(["a"], 0), (["b"], 1)]
+    assert llm.load()["running"] == 0 and llm.load()["free_kv_blocks"] == 23
+
+
 @pytest.mark.parametrize(
     "sampling",
     [

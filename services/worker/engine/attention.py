@@ -44,7 +44,8 @@ def paged_attention(
     if meta.decode_only:
         return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
     return paged_prefill_attention(
-        q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, scale
+        q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, scale,
+        max_seqlen_q=meta.max_query_len,
     )
 
 

@@ -4,6 +4,7 @@ new tokens and finish reasons out. Text, chat templates and stop strings live in
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +19,9 @@ from services.worker.engine.scheduler import Scheduler, SchedulerConfig, Schedul
 from services.worker.engine.tenant_order import TenantOrder
 
 log = logging.getLogger(__name__)
+
+# Told the ids of requests about to be computed for the first time, before they are.
+StartListener = Callable[[list[str]], None]
 
 DEFAULT_MAX_MODEL_LEN = 8192
 CPU_MAX_BATCH_TOKENS = 512
@@ -93,6 +97,8 @@ class Engine:
         self.scheduler = Scheduler(scheduler_config, self.kv_cache_manager, tenant_order)
         eos = model.config.eos_token_ids if eos_token_ids is None else eos_token_ids
         self.eos_token_ids = frozenset(eos)
+        self.start_listener: StartListener | None = None
+        self._started: set[str] = set()  # requests already announced to start_listener
         self.num_steps = 0
         self.num_isolated_failures = 0  # steps that raised and were re-run request by request
 
@@ -125,10 +131,31 @@ class Engine:
     def request_ids(self) -> list[str]:
         return list(self.scheduler.requests)
 
+    def load(self) -> dict[str, int | float]:
+        """Load figures for the fleet and metrics; plain reads, safe from another thread."""
+        pool = self.kv_cache_manager.block_pool
+        return {
+            "running": self.scheduler.num_running,
+            "waiting": self.scheduler.num_waiting,
+            "kv_usage": pool.usage,
+            "free_kv_blocks": pool.num_free_blocks,
+            "prefix_hit_rate": self.kv_cache_manager.prefix_hit_rate,
+        }
+
     def step(self) -> list[RequestUpdate]:
         out = self.scheduler.schedule()
+        self._announce_starts(out)
         sampled, failed = self._execute(out)
         return self._update(out, sampled, failed)
+
+    def _announce_starts(self, out: SchedulerOutput) -> None:
+        # Before the model runs: a request that takes the process down with it is then on
+        # record as started. A preempted request coming back is not new.
+        self._started.difference_update(out.finished_ids)
+        new = [chunk.request_id for chunk in out.chunks if chunk.request_id not in self._started]
+        self._started.update(new)
+        if new and self.start_listener is not None:
+            self.start_listener(new)
 
     def _execute(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, str]]:
         """Sampled tokens by request, and the requests whose part of the step raised (with why)."""

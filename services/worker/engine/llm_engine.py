@@ -11,7 +11,12 @@ import torch
 
 from services.worker.config import WorkerConfig
 from services.worker.engine.detokenizer import IncrementalDetokenizer
-from services.worker.engine.engine import Engine, EngineConfig, RequestUpdate
+from services.worker.engine.engine import (
+    Engine,
+    EngineConfig,
+    RequestUpdate,
+    StartListener,
+)
 from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.tokenizer import Tokenizer
@@ -83,6 +88,17 @@ class LLMEngine:
     def step(self) -> list[StepOutput]:
         outputs = (self._process(update) for update in self.engine.step() if update.request_id in self._streams)
         return [output for output in outputs if output.text or output.finished]
+
+    @property
+    def start_listener(self) -> StartListener | None:
+        return self.engine.start_listener
+
+    @start_listener.setter
+    def start_listener(self, listener: StartListener | None) -> None:
+        self.engine.start_listener = listener
+
+    def load(self) -> dict[str, int | float]:
+        return self.engine.load()
 
     def has_unfinished_requests(self) -> bool:
         return self.engine.has_unfinished_requests()
