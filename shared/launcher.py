@@ -69,6 +69,10 @@ class Fleet:
     def start(self, ready_timeout_s: float = 120.0) -> None:
         for i in range(self.spec.edges):
             self.start_edge(i)
+        # The edges are everyone's gossip seeds: let them come up first.
+        deadline = time.monotonic() + ready_timeout_s
+        for i in range(self.spec.edges):
+            self._wait_http(f"http://127.0.0.1:{self.spec.base_port + i}/healthz", deadline)
         for i in range(self.spec.routers):
             self.start_child(f"router-{i}", "router", "--router-id", f"router-{i}", "--metrics-port", str(self.spec.router_metrics_port(i)))
         for i in range(self.spec.workers):

@@ -14,7 +14,11 @@ class Suspicion:
         self.longest = longest
         self.expected = expected
         # The member whose accusation started the timer does not count as a confirmation.
+        self.first_by = first_by
         self.confirmers = {first_by}
+        # A suspicion still open after `shortest` is gossiped again: anyone who has heard the
+        # refutation answers stale news with it, so a holder that missed it is not left waiting.
+        self.regossip_at = started + shortest
         self.confirmations = 0
         self.deadline = started + confirmed_timeout(shortest, longest, 0, expected)
 

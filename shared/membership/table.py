@@ -75,7 +75,7 @@ class MemberTable:
         return [to_record(m) for m in self.members.values()]
 
     def next_deadline(self) -> float:
-        return min((s.deadline for s in self.suspicions.values()), default=float("inf"))
+        return min((min(s.deadline, s.regossip_at) for s in self.suspicions.values()), default=float("inf"))
 
     # --- updates from others ---------------------------------------------------
     def apply(self, update: Update, now: float) -> bool:
@@ -189,9 +189,14 @@ class MemberTable:
         return self.apply_suspect(Suspect(m.id, m.incarnation, self.me.id), now)
 
     def expire_suspicions(self, now: float) -> None:
-        for member_id in [i for i, s in self.suspicions.items() if s.deadline <= now]:
+        """Declare dead the suspects whose time ran out; re-gossip the ones still open after a while."""
+        for member_id, suspicion in list(self.suspicions.items()):
             m = self.members[member_id]
-            self.apply(Dead(member_id, m.incarnation, self.me.id), now)
+            if suspicion.deadline <= now:
+                self.apply(Dead(member_id, m.incarnation, self.me.id), now)
+            elif suspicion.regossip_at <= now:
+                suspicion.regossip_at = now + suspicion.shortest
+                self.broadcasts.queue(member_id, encode(Suspect(member_id, m.incarnation, suspicion.first_by)))
 
     def publish_meta(self, addresses: dict[str, str], load: dict[str, int | float], now: float) -> None:
         """New addresses or load are news about ourselves: a new incarnation carries them."""
