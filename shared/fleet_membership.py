@@ -11,7 +11,7 @@ import socket
 from collections.abc import Callable
 
 from shared.config import CommonConfig
-from shared.membership import MemberEvent, Membership, profile
+from shared.membership import MemberEvent, Membership, Status, profile
 from shared.membership.member import GONE
 
 
@@ -35,12 +35,12 @@ async def join_fleet(
     return membership
 
 
-def on_departure(membership: Membership, role: str, callback: Callable[[str], object]) -> None:
-    """Call `callback(member_id)` when a member of `role` is declared dead or leaves."""
+def on_departure(membership: Membership, role: str, callback: Callable[[str, bool], object]) -> None:
+    """Call `callback(member_id, died)` when a member of `role` is declared dead (True) or leaves (False)."""
 
     def changed(event: MemberEvent) -> None:
         if event.member.role == role and event.new_status in GONE and event.old_status not in GONE:
-            callback(event.member.id)
+            callback(event.member.id, event.new_status is Status.DEAD)
 
     membership.on_change(changed)
 

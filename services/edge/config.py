@@ -20,6 +20,7 @@ class EdgeConfig(CommonConfig):
     tenant_tiers: str = doc("tenants' service tiers, tenant:tier[,...]; others are 'standard'", "")
     max_frame_bytes: int = doc("largest client frame; a bigger one closes the socket with 1009", 1024 * 1024)
     model: str = doc("the model the workers serve; sets how prompts are counted against its context", "echo")
+    max_model_len: int = doc("the workers' max_model_len (0: the same default, the model's context up to 8192)", 0)
     max_chats_per_connection: int = doc("chats one socket may have in flight at once", 64)
     progress_timeout_s: float = doc("a started chat silent this long fails with worker_lost", 30.0)
     start_timeout_s: float = doc("a chat no worker starts within this fails with no_worker", 120.0)

@@ -36,7 +36,7 @@ class _Server(uvicorn.Server):
 
 
 async def serve_edge(config: EdgeConfig) -> None:
-    prompt_limit = prompt_limit_for(config.model)
+    prompt_limit = prompt_limit_for(config.model, config.max_model_len)
     producer = make_producer(config.kafka_bootstrap, client_id=config.edge_id)
     redis = make_cluster(config.redis_startup_nodes())
     await producer.start()

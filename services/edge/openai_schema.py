@@ -202,6 +202,8 @@ _STATUS_OF: dict[str, tuple[int, str, str]] = {
     "too_many_chats": (429, "rate_limit_error", "too_many_chats"),
     "unavailable": (503, "server_error", "unavailable"),
     "worker_lost": (503, "server_error", "worker_lost"),
+    "no_worker": (503, "server_error", "no_worker"),
+    "request_quarantined": (500, "server_error", "request_quarantined"),
 }
 
 

@@ -20,13 +20,16 @@ class PromptLimit:
         return None
 
 
-def prompt_limit_for(model: str) -> PromptLimit:
-    """The echo model counts word pieces; real models count tokens of the chat template."""
+def prompt_limit_for(model: str, max_model_len: int = 0) -> PromptLimit:
+    """The echo model counts word pieces; real models count tokens of the chat template,
+    against the same limit the workers' engines hold requests to."""
     if model == "echo":
         from services.worker.echo import CONTEXT_PIECES, count_prompt_pieces
 
         return PromptLimit(count_prompt_pieces, CONTEXT_PIECES)
+    from services.worker.engine.engine import DEFAULT_MAX_MODEL_LEN
     from services.worker.engine.weights import load_tokenizer_and_config
 
     tokenizer, config = load_tokenizer_and_config(model)
-    return PromptLimit(lambda messages: len(tokenizer.apply_chat_template(messages)), config.max_position_embeddings)
+    context = max_model_len or min(config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+    return PromptLimit(lambda messages: len(tokenizer.apply_chat_template(messages)), context)

@@ -20,6 +20,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
@@ -146,7 +147,10 @@ class EdgeService:
         if request_id is None:
             raise ProtocolError("unknown_id", f"no chat {chat_id!r} in flight on this socket", chat_id)
         # The worker answers with `done` (finish_reason "cancelled") on the token path.
-        await self._cancel_by_epoch({request_id: 0})
+        try:
+            await self._cancel_by_epoch({request_id: 0})
+        except KafkaError as exc:
+            raise ProtocolError("unavailable", "cannot cancel now; retry", chat_id, True) from exc
 
     async def resume_chat(self, conn: Connection, frame: ResumeFrame) -> None:
         """Move a stream to this connection; every refusal reads the same, revealing nothing."""
@@ -162,7 +166,11 @@ class EdgeService:
         conn.open_chat(frame.id, frame.request_id, next_seq=next_seq, epoch=epoch)
         conn.send(resumed_frame(frame.id, frame.request_id, next_seq))
         move = wire.Resume(frame.request_id, epoch, self.config.edge_id, conn.conn_id, next_seq)
-        await self._producer.send_and_wait(self.topics.control, wire.encode(move))
+        try:
+            await self._producer.send_and_wait(self.topics.control, wire.encode(move))
+        except KafkaError as exc:
+            conn.close_chat(frame.request_id)
+            raise ProtocolError("unavailable", "cannot resume now; retry", frame.id, True) from exc
 
     async def _cancel_by_epoch(self, epochs: dict[str, int]) -> None:
         by_epoch: dict[int, list[str]] = defaultdict(list)
@@ -175,19 +183,20 @@ class EdgeService:
     def load(self) -> dict[str, int]:
         return {"connections": len(self._connections), "chats": sum(c.num_chats() for c in self._connections.values())}
 
-    def fail_worker(self, worker_id: str) -> int:
+    def fail_worker(self, worker_id: str, died: bool = True) -> int:
         """A worker is gone: every stream it had started ends now, and none hangs.
 
         A stream that had already produced tokens survived at least one step: the
-        client may retry it (`worker_lost`). One that died in its first step is a
-        suspect: it may be what took the worker down, so it is quarantined, not retried.
+        client may retry it (`worker_lost`). One that was in its first step when the
+        worker died is a suspect: it may be what took the worker down, so it is
+        quarantined, not retried. A worker that left in good order took no one down.
         """
         failed = 0
         for conn in list(self._connections.values()):
             for chat in conn.chats():
                 if chat.owner != worker_id:
                     continue
-                if chat.order.next_seq > 0:
+                if chat.order.next_seq > 0 or not died:
                     message = f"worker {worker_id} was lost mid-stream; retry the request"
                     error = wire.Error(chat.request_id, wire.OUT_OF_BAND, "worker_lost", message, True)
                 else:
@@ -203,14 +212,18 @@ class EdgeService:
         while True:
             await asyncio.sleep(period_s)
             now = time.monotonic()
+            # Given up on here, so nobody may keep computing them either.
+            expired: dict[str, int] = {}
             for conn in list(self._connections.values()):
                 for chat in conn.chats():
                     if (late := overdue(chat, now, self._deadlines)) is not None:
                         code, message = late
                         self._deliver(conn, wire.Error(chat.request_id, wire.OUT_OF_BAND, code, message, True))
-            expired = {rid: epoch for rid, (at, epoch) in self._detached.items() if at <= now}
-            for request_id in expired:
-                del self._detached[request_id]
+                        expired[chat.request_id] = chat.epoch
+            for request_id, (at, epoch) in list(self._detached.items()):
+                if at <= now:
+                    del self._detached[request_id]
+                    expired[request_id] = epoch
             if expired:
                 with contextlib.suppress(Exception):
                     await self._cancel_by_epoch(expired)

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 from dataclasses import dataclass
 
 from shared.config import CommonConfig, doc
+
+
+# Unique per process, also in containers where every process is PID 1: a restarted worker
+# must never take its predecessor's claims for its own.
+_DEFAULT_NAME = f"worker-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 @dataclass(frozen=True)
@@ -18,6 +24,7 @@ class WorkerConfig(CommonConfig):
     echo_delay_ms: float = doc("echo model: sleep per step, to imitate a model's pace", 0.0)
     echo_crash_on: str = doc("echo model, fault tests only: the process dies on starting a request whose message is exactly this", "")
     device: str = doc("cpu | cuda | auto", "auto")
+    token_shards: int = doc("token messages per step per edge, keyed apart so routers share a busy edge", 4)
     max_poll_records: int = doc("most requests taken from Kafka in one poll", 256)
     replay_retention_s: float = doc("how long a stream's events are kept to replay to a resuming client", 60.0)
     max_model_len: int = doc("most tokens (prompt + output) per request; 0 = the model's context, at most 8192", 0)
@@ -31,4 +38,4 @@ class WorkerConfig(CommonConfig):
 
     @property
     def name(self) -> str:
-        return self.worker_id or f"worker-{socket.gethostname()}-{os.getpid()}"
+        return self.worker_id or _DEFAULT_NAME

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -224,7 +225,7 @@ class WorkerService:
             elif stream.epoch <= cancel.epoch:  # else it was resumed elsewhere since
                 self._thread.abort(request_id)
 
-    def cancel_edge(self, edge_id: str) -> None:
+    def cancel_edge(self, edge_id: str, died: bool = True) -> None:
         """The edge is gone, and with it its sockets: free what its requests hold."""
         for request_id in self._streams.on_edge(edge_id):
             self._thread.abort(request_id)
@@ -255,15 +256,23 @@ class WorkerService:
                     epochs[stream.edge_id][stream.request_id] = stream.epoch
                 if output.finished:
                     self._streams.end(output.request_id)
+                    self.offsets.started(output.request_id)  # ended before starting: nothing holds its offset
             for edge_id, events in by_edge.items():
                 self.metrics.tokens.inc(sum(isinstance(e, wire.Token) for e in events))
                 self.metrics.batches.inc()
                 await self._send(edge_id, events, epochs[edge_id])
 
     async def _send(self, edge_id: str, events: list[wire.Event], epochs: dict[str, int], wait: bool = False) -> None:
-        batch = wire.TokenBatch(edge_id, self.config.name, events, sent_at=time.time(), epochs=epochs)
+        """One message per (edge, shard): a request's events always share a shard, so they stay
+        in order, while one busy edge's traffic still spreads over several routers."""
+        shards: dict[int, list[wire.Event]] = defaultdict(list)
+        for event in events:
+            shards[zlib.crc32(event.request_id.encode()) % self.config.token_shards].append(event)
         send = self._producer.send_and_wait if wait else self._producer.send
-        await send(self.topics.tokens, wire.encode(batch), key=edge_id.encode())
+        for shard, part in shards.items():
+            part_epochs = {rid: e for rid, e in epochs.items() if any(ev.request_id == rid for ev in part)}
+            batch = wire.TokenBatch(edge_id, self.config.name, part, sent_at=time.time(), epochs=part_epochs)
+            await send(self.topics.tokens, wire.encode(batch), key=f"{edge_id}#{shard}".encode())
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
         self.metrics.dead_letters.inc()

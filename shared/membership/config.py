@@ -23,10 +23,10 @@ class MembershipConfig:
     advertise_host: str = ""
 
     # Each period one member is probed. Smaller finds failures sooner and costs more packets.
-    probe_interval: float = 0.2
+    probe_interval: float = 0.15
     # Time to wait for a direct ack before asking others to probe indirectly; well above a
     # round trip on the network, or healthy members get probed indirectly for nothing.
-    probe_timeout: float = 0.1
+    probe_timeout: float = 0.08
     # How many members are asked to probe indirectly (k); more survives more packet loss.
     indirect_checks: int = 3
     # Suspicion lasts suspicion_mult * max(1, log10(N)) * probe_interval once confirmed
@@ -34,7 +34,7 @@ class MembershipConfig:
     suspicion_mult: int = 3
     # Unconfirmed suspicion lasts this many times longer (Lifeguard); each independent
     # confirmation shrinks it towards the minimum.
-    suspicion_max_timeout_mult: int = 4
+    suspicion_max_timeout_mult: int = 3
     # Each update is piggybacked retransmit_mult * ceil(log10(N + 1)) times.
     retransmit_mult: int = 4
     # Updates are also pushed on their own to gossip_nodes random members every gossip_interval,

@@ -188,3 +188,16 @@ def test_broadcast_queue_keeps_only_the_newest_update_per_member():
     queue.queue("a", encode(alive("a", 2)))
     assert [decode_update(b) for b in queue.take(budget=1000, limit=3)] == [alive("a", 2)]
     assert len(queue) == 1
+
+
+def test_an_open_suspicion_is_gossiped_again_so_a_missed_refutation_comes_back():
+    table = make_table()
+    table.apply_suspect(Suspect("b", 0, "c"), now=0.0)
+    table.broadcasts.take(budget=10_000, limit=1)  # the first round of gossip is over
+    timer = table.suspicions["b"]
+    table.expire_suspicions(timer.shortest - 0.01)
+    assert table.broadcasts.pending("b") is None
+    table.expire_suspicions(timer.shortest)
+    assert decode_update(table.broadcasts.pending("b")) == Suspect("b", 0, "c")  # still c's accusation
+    assert timer.regossip_at == pytest.approx(2 * timer.shortest)
+    assert table.get("b").status is S

@@ -16,6 +16,9 @@ from shared.membership import (
     query_members,
 )
 
+# Anything stuck fails fast, with a stack dump, instead of at the suite-wide limit.
+pytestmark = pytest.mark.timeout(60)
+
 CONFIG = MembershipConfig.local(bind_port=0)
 
 
