@@ -3,7 +3,10 @@
 Both sides serve the echo model at the same pace (one piece per `--delay-ms`), to
 the same clients in this process, one socket per stream. A token's latency is its
 arrival minus when the model's schedule says it was due, (k+1) * delay after the
-chat was sent, so the difference between the two sides is what the path adds.
+chat was sent, so the difference between the two sides is what the path adds. That
+splits into the first token's extra wait (admission: route write, request through
+Kafka, the start on record) and each token's lag behind the stream's first token
+(the token path alone: worker -> Kafka -> router -> edge -> socket).
 
     python loadtest/bench_pipeline.py --json loadtest/results/pipeline.json
 """
@@ -16,6 +19,7 @@ import json
 import sys
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -74,22 +78,33 @@ async def run_streams(url: str, streams: int, words: int, delay_s: float) -> dic
         wall = time.perf_counter() - t0
     finally:
         await asyncio.gather(*(s.close() for s in sockets), return_exceptions=True)
-    latencies, tokens, bad = [], 0, 0
+    latencies, lags, ttfts, tokens, bad = [], [], [], 0, Counter()
     for sent, result in runs:
         token_times = [t for f, t in zip(result.frames, result.arrivals) if f["type"] == "token"]
         if result.text != text or result.final["type"] != "done":
-            bad += 1
+            final = result.final or {}
+            bad[f'{final.get("type")}:{final.get("code") or final.get("finish_reason")}'] += 1
+        if not token_times:
+            continue
         tokens += len(token_times)
+        # From the send: everything, admission included. From the first token: the token path alone.
         latencies += [(t - sent - (k + 1) * delay_s) * 1000 for k, t in enumerate(token_times)]
-    lat = np.array(latencies)
+        lags += [(t - token_times[0] - k * delay_s) * 1000 for k, t in enumerate(token_times)]
+        ttfts.append((token_times[0] - sent - delay_s) * 1000)
+    lat, lag, ttft = np.array(latencies), np.array(lags), np.array(ttfts)
     return {
         "streams": streams,
         "tokens": tokens,
-        "incomplete_streams": bad,
+        "incomplete_streams": sum(bad.values()),
+        "incomplete_by_ending": dict(bad),
         "wall_s": round(wall, 3),
         "tokens_per_s": round(tokens / wall, 1),
         "latency_ms_p50": round(float(np.percentile(lat, 50)), 2),
         "latency_ms_p99": round(float(np.percentile(lat, 99)), 2),
+        "token_lag_ms_p50": round(float(np.percentile(lag, 50)), 2),
+        "token_lag_ms_p99": round(float(np.percentile(lag, 99)), 2),
+        "first_token_ms_p50": round(float(np.percentile(ttft, 50)), 2),
+        "first_token_ms_p99": round(float(np.percentile(ttft, 99)), 2),
     }
 
 
@@ -130,6 +145,9 @@ async def measure(args: argparse.Namespace, pipeline_url: str) -> list[dict]:
                 "pipeline": pipeline,
                 "added_latency_ms_p50": round(pipeline["latency_ms_p50"] - direct["latency_ms_p50"], 2),
                 "added_latency_ms_p99": round(pipeline["latency_ms_p99"] - direct["latency_ms_p99"], 2),
+                "added_token_lag_ms_p50": round(pipeline["token_lag_ms_p50"] - direct["token_lag_ms_p50"], 2),
+                "added_token_lag_ms_p99": round(pipeline["token_lag_ms_p99"] - direct["token_lag_ms_p99"], 2),
+                "added_first_token_ms_p50": round(pipeline["first_token_ms_p50"] - direct["first_token_ms_p50"], 2),
                 "throughput_ratio": round(pipeline["tokens_per_s"] / direct["tokens_per_s"], 3),
             }
             print(json.dumps(row), flush=True)
@@ -149,9 +167,12 @@ def plot(rows: list[dict], path: Path) -> None:
     streams = [str(r["streams"]) for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     x = np.arange(len(rows))
-    left.bar(x - 0.2, [r["added_latency_ms_p50"] for r in rows], 0.4, label="p50")
-    left.bar(x + 0.2, [r["added_latency_ms_p99"] for r in rows], 0.4, label="p99")
-    left.set(xticks=x, xticklabels=streams, xlabel="concurrent streams", ylabel="ms", title="latency the path adds per token")
+    left.bar(x - 0.3, [r["added_latency_ms_p50"] for r in rows], 0.2, label="per token, from send, p50")
+    left.bar(x - 0.1, [r["added_latency_ms_p99"] for r in rows], 0.2, label="per token, from send, p99")
+    left.bar(x + 0.1, [r["added_token_lag_ms_p50"] for r in rows], 0.2, label="token path, p50")
+    left.bar(x + 0.3, [r["added_token_lag_ms_p99"] for r in rows], 0.2, label="token path, p99")
+    left.set(xticks=x, xticklabels=streams, xlabel="concurrent streams", ylabel="ms", title="latency the path adds")
+    left.set_yscale("symlog")
     left.legend()
     right.bar(x - 0.2, [r["direct"]["tokens_per_s"] for r in rows], 0.4, label="direct echo socket")
     right.bar(x + 0.2, [r["pipeline"]["tokens_per_s"] for r in rows], 0.4, label="through Kafka + router")

@@ -7,12 +7,15 @@ cluster, so fleets sharing a machine never merge.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import Callable
 
 from shared.config import CommonConfig
 from shared.membership import MemberEvent, Membership, Status, profile
 from shared.membership.member import GONE
+
+log = logging.getLogger(__name__)
 
 
 def advertised_host(bind_host: str) -> str:
@@ -40,6 +43,7 @@ def on_departure(membership: Membership, role: str, callback: Callable[[str, boo
 
     def changed(event: MemberEvent) -> None:
         if event.member.role == role and event.new_status in GONE and event.old_status not in GONE:
+            log.warning("%s %s is %s", role, event.member.id, event.new_status)
             callback(event.member.id, event.new_status is Status.DEAD)
 
     membership.on_change(changed)

@@ -8,6 +8,7 @@ older epoch in their cache fetch the route again.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 from dataclasses import dataclass
@@ -42,54 +43,63 @@ def token_digest(resume_token: str) -> str:
 class RoutingMap:
     """Writes go straight to Redis; reads go through a local cache first."""
 
-    def __init__(self, redis: RedisCluster, cache_size: int = 100_000) -> None:
+    def __init__(self, redis: RedisCluster, cache_size: int = 100_000, max_in_flight: int = 64) -> None:
         self._redis = redis
+        # redis-py's cluster client fails at once, not by waiting, once a node's pool is
+        # exhausted, and misbehaves near that edge: a burst of admissions queues here instead.
+        self._in_flight = asyncio.Semaphore(max_in_flight)
         self._cache: LRUCache[str, Route] = LRUCache(maxsize=cache_size)
         self.num_cache_hits = 0
         self.num_cache_misses = 0
 
     async def put(self, request_id: str, route: Route, tenant: str, resume_token: str) -> None:
-        key = route_key(request_id)
-        fields = {
-            "edge": route.edge_id,
-            "conn": route.conn_id,
-            "epoch": route.epoch,
-            "tenant": tenant,
-            "resume": token_digest(resume_token),
-        }
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hset(key, mapping=fields)
-            pipe.expire(key, ROUTE_TTL_S)
-            await pipe.execute()
+        async with self._in_flight:
+            key = route_key(request_id)
+            fields = {
+                "edge": route.edge_id,
+                "conn": route.conn_id,
+                "epoch": route.epoch,
+                "tenant": tenant,
+                "resume": token_digest(resume_token),
+            }
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.hset(key, mapping=fields)
+                pipe.expire(key, ROUTE_TTL_S)
+                await pipe.execute()
 
     async def check_resume(self, request_id: str, tenant: str, resume_token: str) -> bool:
         """True only for the tenant holding the request's own token (compared in constant time)."""
-        stored_tenant, digest = await self._redis.hmget(route_key(request_id), ["tenant", "resume"])
-        if digest is None:
-            return False
-        return hmac.compare_digest(digest, token_digest(resume_token)) and stored_tenant == tenant
+        async with self._in_flight:
+            stored_tenant, digest = await self._redis.hmget(route_key(request_id), ["tenant", "resume"])
+            if digest is None:
+                return False
+            return hmac.compare_digest(digest, token_digest(resume_token)) and stored_tenant == tenant
 
     async def move(self, request_id: str, edge_id: str, conn_id: str) -> int:
         """Point the route at a new connection; returns its new epoch."""
-        key = route_key(request_id)
-        epoch = await self._redis.hincrby(key, "epoch", 1)
-        await self._redis.hset(key, mapping={"edge": edge_id, "conn": conn_id})
-        self._cache.pop(request_id, None)
-        return epoch
+        async with self._in_flight:
+            key = route_key(request_id)
+            epoch = await self._redis.hincrby(key, "epoch", 1)
+            await self._redis.hset(key, mapping={"edge": edge_id, "conn": conn_id})
+            self._cache.pop(request_id, None)
+            return epoch
 
     async def claim(self, owners: dict[str, str]) -> None:
         """Record which worker started each request (request id -> worker id)."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for request_id, worker_id in owners.items():
-                pipe.set(claim_key(request_id), worker_id, ex=ROUTE_TTL_S)
-            await pipe.execute()
+        async with self._in_flight:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for request_id, worker_id in owners.items():
+                    pipe.set(claim_key(request_id), worker_id, ex=ROUTE_TTL_S)
+                await pipe.execute()
 
     async def owner(self, request_id: str) -> str | None:
-        return await self._redis.get(claim_key(request_id))
+        async with self._in_flight:
+            return await self._redis.get(claim_key(request_id))
 
     async def delete(self, request_id: str) -> None:
-        self._cache.pop(request_id, None)
-        await self._redis.delete(route_key(request_id))
+        async with self._in_flight:
+            self._cache.pop(request_id, None)
+            await self._redis.delete(route_key(request_id))
 
     async def get_many(self, request_ids: list[str], min_epochs: dict[str, int] | None = None) -> dict[str, Route]:
         """Routes of the given requests; unknown ones are absent from the result."""
@@ -105,7 +115,7 @@ class RoutingMap:
         self.num_cache_hits += len(found)
         self.num_cache_misses += len(missing)
         if missing:
-            async with self._redis.pipeline(transaction=False) as pipe:
+            async with self._in_flight, self._redis.pipeline(transaction=False) as pipe:
                 for request_id in missing:
                     pipe.hmget(route_key(request_id), ["edge", "conn", "epoch"])
                 rows = await pipe.execute()

@@ -218,6 +218,7 @@ class EdgeService:
                 for chat in conn.chats():
                     if (late := overdue(chat, now, self._deadlines)) is not None:
                         code, message = late
+                        log.warning("chat %s: %s (%s)", chat.request_id, code, message)
                         self._deliver(conn, wire.Error(chat.request_id, wire.OUT_OF_BAND, code, message, True))
                         expired[chat.request_id] = chat.epoch
             for request_id, (at, epoch) in list(self._detached.items()):
@@ -250,8 +251,12 @@ class EdgeService:
     def deliver(self, deliveries: list[wire.Delivery]) -> None:
         for delivery in deliveries:
             conn = self._connections.get(delivery.conn_id)
-            if conn is not None:
+            if conn is None:
+                continue
+            try:
                 self._deliver(conn, delivery.event)
+            except Exception:  # noqa: BLE001 - one bad event must not cost the rest of the frame
+                log.exception("could not deliver an event of %s", delivery.event.request_id)
 
     def _deliver(self, conn: Connection, event: wire.Event) -> None:
         chat, sent = conn.deliver(event)

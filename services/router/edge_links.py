@@ -26,10 +26,10 @@ class EdgeLink:
         self._writer: asyncio.StreamWriter | None = None
         self._lock = asyncio.Lock()
 
-    async def send(self, payload: bytes) -> None:
+    async def send(self, payload: bytes, attempts: int | None = None) -> None:
         """Write one frame, reconnecting and retrying a few times before giving up."""
         async with self._lock:
-            for attempt in range(SEND_ATTEMPTS):
+            for attempt in range(attempts or SEND_ATTEMPTS):
                 try:
                     writer = await self._connected()
                     write_frame(writer, payload)

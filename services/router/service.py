@@ -15,12 +15,8 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from aiokafka import (
-    AIOKafkaProducer,
-    ConsumerRebalanceListener,
-    ConsumerRecord,
-    TopicPartition,
-)
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
@@ -42,6 +38,7 @@ T = TypeVar("T")
 
 POLL_TIMEOUT_MS = 100
 ROUTE_RETRY_S = 0.5  # while the Redis Cluster fails over, lookups fail; wait and retry
+COMMIT_PERIOD_S = 0.1
 
 
 class _ReadyOnAssignment(ConsumerRebalanceListener):
@@ -71,6 +68,7 @@ class RouterService:
         self._producer: AIOKafkaProducer | None = None
         self.registry = CollectorRegistry()
         self.metrics = RouterMetrics(self.registry)
+        self._forwarded: dict[TopicPartition, int] = {}  # next offset per partition, forwarded and not yet committed
 
     async def run(self) -> None:
         name = self.config.name
@@ -85,14 +83,19 @@ class RouterService:
         await consumer.start()
         lag = watch_consumer_lag(consumer, self.registry)
         serve_metrics(self.registry, self.config.metrics_host, self.config.metrics_port)
+        committer = asyncio.create_task(self._commit_forwarded(consumer))
         try:
             while True:
                 batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
                 records = [record for part in batches.values() for record in part]
                 if records:
                     await self._route(records)
-                    await consumer.commit()
+                    for tp, part in batches.items():
+                        self._forwarded[tp] = part[-1].offset + 1
         finally:
+            committer.cancel()
+            with contextlib.suppress(Exception):
+                await consumer.commit(self._forwarded)
             lag.cancel()
             with contextlib.suppress(Exception):
                 await consumer.stop()
@@ -101,6 +104,18 @@ class RouterService:
                 await link.close()
             await self._membership.stop()
             await redis.aclose()
+
+    async def _commit_forwarded(self, consumer: AIOKafkaConsumer) -> None:
+        """Commit what was forwarded, off the hot path: a commit is a broker round trip, and
+        waiting for it before the next poll would delay every token behind it."""
+        while True:
+            await asyncio.sleep(COMMIT_PERIOD_S)
+            if self._forwarded:
+                offsets, self._forwarded = self._forwarded, {}
+                try:
+                    await consumer.commit(offsets)
+                except KafkaError as exc:  # e.g. a rebalance took the partitions: their new owner re-reads
+                    log.warning("commit failed: %r", exc)
 
     async def _route(self, records: list[ConsumerRecord]) -> None:
         events: list[wire.Event] = []
@@ -153,20 +168,25 @@ class RouterService:
     def _link(self, edge_id: str) -> EdgeLink | None:
         """The link to an edge at the address membership gives (or the static list, if any)."""
         member = self._membership.member(edge_id) if self._membership else None
-        if member is not None and member.status not in GONE and "internal" in member.addresses:
+        if member is not None and "internal" in member.addresses:
             address = parse_address(member.addresses["internal"])
         elif edge_id in self._static:
             address = self._static[edge_id]
         else:
-            return None  # unknown or gone: its sockets went with it
+            return None  # never heard of: nowhere to send
         link = self._links.get(edge_id)
         if link is None or link.address != address:
             link = self._links[edge_id] = EdgeLink(edge_id, address)
         return link
 
     async def _forward(self, edge_id: str, deliveries: list[wire.Delivery]) -> None:
+        # An edge declared dead gets one try, not the patient retries: if it really is gone,
+        # the batch must not wait on it; if gossip was wrong (an overloaded edge answers
+        # late), its clients still get their tokens.
+        member = self._membership.member(edge_id) if self._membership else None
+        attempts = 1 if member is not None and member.status in GONE else None
         try:
-            await self._links[edge_id].send(wire.encode(wire.ForwardBatch(deliveries)))
+            await self._links[edge_id].send(wire.encode(wire.ForwardBatch(deliveries)), attempts)
         except EdgeUnreachable as exc:
             # Its clients' sockets died with it; nothing is left to deliver to.
             self.metrics.unroutable.inc(len(deliveries))

@@ -29,7 +29,7 @@ async def serve_worker(config: WorkerConfig, engine: GenerationEngine) -> None:
     membership = await join_fleet(config, config.name, "worker", {}, engine.load())
     service = WorkerService(config, engine, RoutingMap(redis), is_alive=lambda wid: is_alive(membership, wid))
     service.registry.register(GossipCollector(membership))
-    on_departure(membership, "edge", service.cancel_edge)
+    on_departure(membership, "edge", lambda edge_id, died: service.cancel_edge_unless_back(edge_id, membership))
     loading = asyncio.create_task(publish_load(membership, engine.load))
     try:
         await service.run()

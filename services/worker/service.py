@@ -41,7 +41,9 @@ from services.worker.metrics import WorkerMetrics
 from services.worker.offset_tracker import OffsetTracker
 from services.worker.streams import StreamRegistry
 from shared import wire
+from shared.fleet_membership import is_alive
 from shared.kafka_clients import make_consumer, make_producer, send_dead_letter
+from shared.membership import Membership
 from shared.metrics import serve_metrics, watch_consumer_lag
 from shared.routing_map import RoutingMap
 
@@ -50,6 +52,12 @@ log = logging.getLogger(__name__)
 POLL_TIMEOUT_MS = 100
 CANCELLED_MEMORY_S = 600  # a cancel may overtake its request; remember it this long
 START_RECORD_TIMEOUT_S = 5.0
+EDGE_LOSS_GRACE_S = 1.0
+
+
+def _log_failed_send(delivery: asyncio.Future) -> None:
+    if not delivery.cancelled() and delivery.exception() is not None:
+        log.error("token batch lost: %r", delivery.exception())
 
 
 class _Revocations(ConsumerRebalanceListener):
@@ -57,7 +65,9 @@ class _Revocations(ConsumerRebalanceListener):
         self._service = service
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self._service.drop_unstarted(self._service.offsets.forget_partitions(set(revoked)))
+        unstarted = self._service.offsets.forget_partitions(set(revoked))
+        log.info("partitions revoked: %s; %d requests not started are left to their next owner", sorted(revoked), len(unstarted))
+        self._service.drop_unstarted(unstarted)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self._service.announce_ready()
@@ -225,10 +235,20 @@ class WorkerService:
             elif stream.epoch <= cancel.epoch:  # else it was resumed elsewhere since
                 self._thread.abort(request_id)
 
-    def cancel_edge(self, edge_id: str, died: bool = True) -> None:
+    def cancel_edge(self, edge_id: str) -> None:
         """The edge is gone, and with it its sockets: free what its requests hold."""
         for request_id in self._streams.on_edge(edge_id):
             self._thread.abort(request_id)
+
+    def cancel_edge_unless_back(self, edge_id: str, membership: Membership) -> None:
+        """Cancel a departed edge's requests once it has stayed gone a moment: an overloaded
+        edge wrongly declared dead refutes and returns, and its streams must go on."""
+
+        def check() -> None:
+            if not is_alive(membership, edge_id):
+                self.cancel_edge(edge_id)
+
+        self._loop.call_later(EDGE_LOSS_GRACE_S, check)
 
     async def _resume(self, resume: wire.Resume) -> None:
         stream = self._streams.find(resume.request_id)
@@ -268,11 +288,14 @@ class WorkerService:
         shards: dict[int, list[wire.Event]] = defaultdict(list)
         for event in events:
             shards[zlib.crc32(event.request_id.encode()) % self.config.token_shards].append(event)
-        send = self._producer.send_and_wait if wait else self._producer.send
         for shard, part in shards.items():
             part_epochs = {rid: e for rid, e in epochs.items() if any(ev.request_id == rid for ev in part)}
             batch = wire.TokenBatch(edge_id, self.config.name, part, sent_at=time.time(), epochs=part_epochs)
-            await send(self.topics.tokens, wire.encode(batch), key=f"{edge_id}#{shard}".encode())
+            delivery = await self._producer.send(self.topics.tokens, wire.encode(batch), key=f"{edge_id}#{shard}".encode())
+            if wait:
+                await delivery
+            else:
+                delivery.add_done_callback(_log_failed_send)
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
         self.metrics.dead_letters.inc()

@@ -23,10 +23,10 @@ class MembershipConfig:
     advertise_host: str = ""
 
     # Each period one member is probed. Smaller finds failures sooner and costs more packets.
-    probe_interval: float = 0.15
+    probe_interval: float = 0.2
     # Time to wait for a direct ack before asking others to probe indirectly; well above a
     # round trip on the network, or healthy members get probed indirectly for nothing.
-    probe_timeout: float = 0.08
+    probe_timeout: float = 0.1
     # How many members are asked to probe indirectly (k); more survives more packet loss.
     indirect_checks: int = 3
     # Suspicion lasts suspicion_mult * max(1, log10(N)) * probe_interval once confirmed
