@@ -2,15 +2,18 @@
 reference, a split-K (flash-decoding) Triton kernel, and a dispatcher."""
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_INDEX_DTYPES = (torch.int32, torch.int64)
-_LOG2E = 1.4426950408889634
+from kernels.checks import (
+    LOG2E,
+    check_index_dtypes,
+    check_last_dim_contiguous,
+    check_query_and_cache,
+    check_triton_device,
+)
 
 
 def _check_inputs(
@@ -20,31 +23,13 @@ def _check_inputs(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
 ) -> None:
-    if q.dim() != 3:
-        raise ValueError(f"q must be (B, Hq, D); got {tuple(q.shape)}")
-    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
-        raise ValueError(
-            "k_cache and v_cache must both be (num_blocks, block_size, Hkv, D); "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    batch, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    if k_cache.shape[3] != head_dim:
-        raise ValueError(f"head_dim differs: q has {head_dim}, the cache {k_cache.shape[3]}")
-    if num_q_heads % num_kv_heads != 0:
-        raise ValueError(f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}")
+    check_query_and_cache(q, k_cache, v_cache, "(B, Hq, D)")
+    batch = q.shape[0]
     if block_tables.dim() != 2 or block_tables.shape[0] != batch:
         raise ValueError(f"block_tables must be ({batch}, max_blocks_per_seq); got {tuple(block_tables.shape)}")
     if context_lens.dim() != 1 or context_lens.shape[0] != batch:
         raise ValueError(f"context_lens must be ({batch},); got {tuple(context_lens.shape)}")
-    if block_tables.dtype not in _INDEX_DTYPES or context_lens.dtype not in _INDEX_DTYPES:
-        raise ValueError(
-            f"block_tables and context_lens must be int32 or int64; got {block_tables.dtype}, {context_lens.dtype}"
-        )
-    if q.dtype not in _FLOAT_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(
-            f"q, k_cache, v_cache must share one of {_FLOAT_DTYPES}; got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
-        )
+    check_index_dtypes(block_tables=block_tables, context_lens=context_lens)
 
 
 def paged_decode_attention_ref(
@@ -240,14 +225,8 @@ def paged_decode_attention_triton(
     batch size and the block table's width, without reading context_lens on the host.
     """
     _check_inputs(q, k_cache, v_cache, block_tables, context_lens)
-    tensors = (q, k_cache, v_cache, block_tables, context_lens)
-    if any(t.device != q.device for t in tensors):
-        raise ValueError(f"all tensors must be on one device; got {[str(t.device) for t in tensors]}")
-    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1); got {q.device}")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dim; stride is {t.stride(-1)}")
+    check_triton_device(q, k_cache, v_cache, block_tables, context_lens)
+    check_last_dim_contiguous(q=q, k_cache=k_cache, v_cache=v_cache)
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be >= 1; got {num_splits}")
 
@@ -272,7 +251,7 @@ def paged_decode_attention_triton(
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens,
         out, part_out, part_max, part_sum,
-        scale * _LOG2E,
+        scale * LOG2E,
         *q.stride()[:-1], *k_cache.stride()[:-1], *v_cache.stride()[:-1], *block_tables.stride(), *out.stride()[:-1],
         *part_strides,
         GROUP=group,

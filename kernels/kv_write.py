@@ -1,14 +1,13 @@
 """Scatter new tokens' K/V into the paged KV cache: a PyTorch reference, a Triton kernel
 and a dispatcher that picks the kernel on a GPU and the reference elsewhere."""
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from kernels.checks import INDEX_DTYPES, check_triton_device
+
 _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def _check_inputs(
@@ -31,7 +30,7 @@ def _check_inputs(
         )
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] != k.shape[0]:
         raise ValueError(f"slot_mapping must be ({k.shape[0]},); got {tuple(slot_mapping.shape)}")
-    if slot_mapping.dtype not in _INDEX_DTYPES:
+    if slot_mapping.dtype not in INDEX_DTYPES:
         raise ValueError(f"slot_mapping must be int32 or int64; got {slot_mapping.dtype}")
     if k_cache.dtype != v_cache.dtype:
         raise ValueError(f"k_cache and v_cache dtypes differ: {k_cache.dtype} vs {v_cache.dtype}")
@@ -89,14 +88,6 @@ def _write_kv_kernel(
     tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def _check_triton_inputs(*tensors: torch.Tensor) -> None:
-    device = tensors[0].device
-    if any(t.device != device for t in tensors):
-        raise ValueError(f"all tensors must be on one device; got {[str(t.device) for t in tensors]}")
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1); got {device}")
-
-
 def write_kv_triton(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -106,7 +97,7 @@ def write_kv_triton(
 ) -> None:
     """Triton version of write_kv_ref; same arguments, same in-place effect."""
     _check_inputs(k, v, k_cache, v_cache, slot_mapping)
-    _check_triton_inputs(k, v, k_cache, v_cache, slot_mapping)
+    check_triton_device(k, v, k_cache, v_cache, slot_mapping)
     if k_cache.dtype not in _CACHE_DTYPES:
         raise ValueError(f"cache dtype must be one of {_CACHE_DTYPES}; got {k_cache.dtype}")
     for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):

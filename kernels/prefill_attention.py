@@ -2,15 +2,18 @@
 prefix caching): a PyTorch reference, a flash-attention style Triton kernel, a dispatcher."""
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_INDEX_DTYPES = (torch.int32, torch.int64)
-_LOG2E = 1.4426950408889634
+from kernels.checks import (
+    LOG2E,
+    check_index_dtypes,
+    check_last_dim_contiguous,
+    check_query_and_cache,
+    check_triton_device,
+)
 
 
 def _check_inputs(
@@ -21,19 +24,7 @@ def _check_inputs(
     cu_seqlens_q: torch.Tensor,
     context_lens: torch.Tensor,
 ) -> None:
-    if q.dim() != 3:
-        raise ValueError(f"q must be (T, Hq, D); got {tuple(q.shape)}")
-    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
-        raise ValueError(
-            "k_cache and v_cache must both be (num_blocks, block_size, Hkv, D); "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    _, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    if k_cache.shape[3] != head_dim:
-        raise ValueError(f"head_dim differs: q has {head_dim}, the cache {k_cache.shape[3]}")
-    if num_q_heads % num_kv_heads != 0:
-        raise ValueError(f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}")
+    check_query_and_cache(q, k_cache, v_cache, "(T, Hq, D)")
     if context_lens.dim() != 1:
         raise ValueError(f"context_lens must be (N,); got {tuple(context_lens.shape)}")
     num_seqs = context_lens.shape[0]
@@ -43,13 +34,7 @@ def _check_inputs(
         )
     if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
         raise ValueError(f"block_tables must be ({num_seqs}, max_blocks_per_seq); got {tuple(block_tables.shape)}")
-    for name, t in (("block_tables", block_tables), ("cu_seqlens_q", cu_seqlens_q), ("context_lens", context_lens)):
-        if t.dtype not in _INDEX_DTYPES:
-            raise ValueError(f"{name} must be int32 or int64; got {t.dtype}")
-    if q.dtype not in _FLOAT_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(
-            f"q, k_cache, v_cache must share one of {_FLOAT_DTYPES}; got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
-        )
+    check_index_dtypes(block_tables=block_tables, cu_seqlens_q=cu_seqlens_q, context_lens=context_lens)
 
 
 def paged_prefill_attention_ref(
@@ -239,14 +224,8 @@ def paged_prefill_attention_triton(
     back to the host.
     """
     _check_inputs(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
-    tensors = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
-    if any(t.device != q.device for t in tensors):
-        raise ValueError(f"all tensors must be on one device; got {[str(t.device) for t in tensors]}")
-    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1); got {q.device}")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dim; stride is {t.stride(-1)}")
+    check_triton_device(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+    check_last_dim_contiguous(q=q, k_cache=k_cache, v_cache=v_cache)
 
     num_tokens, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -262,7 +241,7 @@ def paged_prefill_attention_triton(
     block_m, block_n, num_warps = _tile_config(head_dim, q.dtype)
     _prefill_kernel[(triton.cdiv(max_seqlen_q, block_m), num_q_heads, num_seqs)](
         q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
-        scale * _LOG2E,
+        scale * LOG2E,
         *q.stride()[:-1], *k_cache.stride()[:-1], *v_cache.stride()[:-1], *block_tables.stride(), *out.stride()[:-1],
         GROUP=num_q_heads // num_kv_heads,
         HEAD_DIM=head_dim,
