@@ -5,9 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import INDEX_DTYPES, check_triton_device
-
-_CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from kernels.checks import FLOAT_DTYPES, INDEX_DTYPES, check_triton_device
 
 
 def _check_inputs(
@@ -98,8 +96,8 @@ def write_kv_triton(
     """Triton version of write_kv_ref; same arguments, same in-place effect."""
     _check_inputs(k, v, k_cache, v_cache, slot_mapping)
     check_triton_device(k, v, k_cache, v_cache, slot_mapping)
-    if k_cache.dtype not in _CACHE_DTYPES:
-        raise ValueError(f"cache dtype must be one of {_CACHE_DTYPES}; got {k_cache.dtype}")
+    if k_cache.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"cache dtype must be one of {FLOAT_DTYPES}; got {k_cache.dtype}")
     for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dim; stride is {t.stride(-1)}")

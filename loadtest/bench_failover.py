@@ -18,7 +18,6 @@ import asyncio
 import json
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -26,28 +25,17 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shared.chat_client import ChatSocket  # noqa: E402
-from shared.infra import ensure_up, load_config  # noqa: E402
-from shared.infra.kafka import open_admin  # noqa: E402
-from shared.infra.topics import ensure_topics  # noqa: E402
-from shared.launcher import Fleet, FleetSpec  # noqa: E402
+from shared.infra import load_config  # noqa: E402
+from shared.launcher import Fleet, FleetSpec, fresh_topics  # noqa: E402
 from shared.membership import profile, query_members  # noqa: E402
-from shared.topics import TopicLayout  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORDS = 200
 
 
 def start_fleet(workers: int, routers: int, tag: str) -> Fleet:
-    infra = load_config()
-    ensure_up(infra)
-    layout = TopicLayout(prefix=f"bench-{tag}-{uuid.uuid4().hex[:6]}", requests_partitions=4, tokens_partitions=4)
-
-    async def create() -> None:
-        async with open_admin(infra) as admin:
-            await ensure_topics(admin, layout.partitions())
-
-    asyncio.run(create())
-    log_dir = Path(infra.infra_dir) / "logs" / "bench-failover"
+    layout = fresh_topics(f"bench-{tag}")
+    log_dir = Path(load_config().infra_dir) / "logs" / "bench-failover"
     log_dir.mkdir(parents=True, exist_ok=True)
     spec = FleetSpec(
         edges=1, workers=workers, routers=routers, model="echo", echo_delay_ms=20,

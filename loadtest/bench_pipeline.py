@@ -30,11 +30,8 @@ from websockets.asyncio.server import serve  # noqa: E402
 
 from services.worker.echo import split_pieces  # noqa: E402
 from shared.chat_client import ChatSocket  # noqa: E402
-from shared.infra import ensure_up, load_config  # noqa: E402
-from shared.infra.kafka import open_admin  # noqa: E402
-from shared.infra.topics import ensure_topics  # noqa: E402
-from shared.launcher import Fleet, FleetSpec  # noqa: E402
-from shared.topics import TopicLayout  # noqa: E402
+from shared.infra import load_config  # noqa: E402
+from shared.launcher import Fleet, FleetSpec, fresh_topics  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DIRECT_PORT = 28999
@@ -109,16 +106,8 @@ async def run_streams(url: str, streams: int, words: int, delay_s: float) -> dic
 
 
 def start_fleet(delay_ms: float) -> tuple[Fleet, Path]:
-    infra = load_config()
-    ensure_up(infra)
-    layout = TopicLayout(prefix=f"bench-{uuid.uuid4().hex[:8]}")
-
-    async def create() -> None:
-        async with open_admin(infra) as admin:
-            await ensure_topics(admin, layout.partitions())
-
-    asyncio.run(create())
-    log_dir = Path(infra.infra_dir) / "logs" / "bench"
+    layout = fresh_topics("bench", partitions=8)
+    log_dir = Path(load_config().infra_dir) / "logs" / "bench"
     log_dir.mkdir(parents=True, exist_ok=True)
     spec = FleetSpec(
         edges=1, workers=1, routers=1, model="echo", echo_delay_ms=delay_ms,

@@ -6,6 +6,7 @@ clients and 9180+i for routers; every child's output is prefixed with its name.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -14,11 +15,32 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from shared.infra import ensure_up, load_config
+from shared.infra.kafka import open_admin
+from shared.infra.topics import ensure_topics
+from shared.topics import TopicLayout
+
 STOP_TIMEOUT_S = 10.0
+
+
+def fresh_topics(tag: str, partitions: int = 4) -> TopicLayout:
+    """Topics of their own, created now: a fleet on them shares no consumer group, no
+    gossip cluster and no message with any other (tests and benchmarks use this)."""
+    infra = load_config()
+    ensure_up(infra)
+    layout = TopicLayout(prefix=f"{tag}-{uuid.uuid4().hex[:8]}", requests_partitions=partitions, tokens_partitions=partitions)
+
+    async def create() -> None:
+        async with open_admin(infra) as admin:
+            await ensure_topics(admin, layout.partitions())
+
+    asyncio.run(create())
+    return layout
 
 
 @dataclass(frozen=True)

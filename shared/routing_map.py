@@ -92,9 +92,13 @@ class RoutingMap:
                     pipe.set(claim_key(request_id), worker_id, ex=ROUTE_TTL_S)
                 await pipe.execute()
 
-    async def owner(self, request_id: str) -> str | None:
-        async with self._in_flight:
-            return await self._redis.get(claim_key(request_id))
+    async def owners(self, request_ids: list[str]) -> dict[str, str]:
+        """The claimed requests among these: request id -> the worker that started it."""
+        async with self._in_flight, self._redis.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.get(claim_key(request_id))
+            found = await pipe.execute()
+        return {rid: worker for rid, worker in zip(request_ids, found) if worker}
 
     async def delete(self, request_id: str) -> None:
         async with self._in_flight:

@@ -6,17 +6,13 @@ never reach it.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import uuid
 from pathlib import Path
 
 import pytest
 
 from shared.infra import ensure_up, load_config
-from shared.infra.kafka import open_admin
-from shared.infra.topics import ensure_topics
-from shared.launcher import Fleet, FleetSpec
+from shared.launcher import Fleet, FleetSpec, fresh_topics
 from shared.topics import TopicLayout
 
 # Separate runs on one machine can set their own ports.
@@ -33,15 +29,7 @@ def infra():
 
 
 def new_topics(infra) -> TopicLayout:
-    """Topics of their own: a fleet here shares no consumer group, and no message, with another."""
-    layout = TopicLayout(prefix=f"test-{uuid.uuid4().hex[:8]}", requests_partitions=4, tokens_partitions=4)
-
-    async def create() -> None:
-        async with open_admin(infra) as admin:
-            await ensure_topics(admin, layout.partitions())
-
-    asyncio.run(create())
-    return layout
+    return fresh_topics("test")
 
 
 @pytest.fixture(scope="session")

@@ -130,26 +130,28 @@ class WorkerService:
     async def _consume_requests(self, consumer: AIOKafkaConsumer) -> None:
         while True:
             batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=self.config.max_poll_records)
+            chats: list[tuple[TopicPartition, int, wire.ChatRequest]] = []
             for tp, records in batches.items():
                 for record in records:
-                    self.offsets.add(tp, record.offset, await self._accept(record))
+                    try:
+                        chats.append((tp, record.offset, wire.decode(record.value, wire.ChatRequest)))
+                    except wire.WireError as exc:
+                        await self._dead_letter(record, str(exc))
+                        self.offsets.add(tp, record.offset, None)
+            owners = await self._owners([chat.request_id for _, _, chat in chats])
+            for tp, offset, chat in chats:
+                self.offsets.add(tp, offset, await self._accept(chat, owners.get(chat.request_id)))
             if moves := self.offsets.committable():
                 await consumer.commit(moves)
 
-    async def _accept(self, record: ConsumerRecord) -> str | None:
+    async def _accept(self, chat: wire.ChatRequest, owner: str | None) -> str | None:
         """Hand the request to the engine; its id if its start is still to come, else None."""
-        try:
-            chat = wire.decode(record.value, wire.ChatRequest)
-        except wire.WireError as exc:
-            await self._dead_letter(record, str(exc))
-            return None
         if chat.request_id in self._streams.active:
             return None  # delivered twice after a rebalance: ours already
         if self._cancelled.pop(chat.request_id, None) is not None:
             self._streams.open(chat.request_id, chat.edge_id)
             self._outbox.put_nowait([StepOutput(chat.request_id, finish_reason="cancelled", usage=Usage(0, 0, 0))])
             return None
-        owner = await self._owner(chat.request_id)
         if owner is not None and owner != self.config.name:
             if not self._is_alive(owner):
                 await self._quarantine(chat, owner)
@@ -166,12 +168,15 @@ class WorkerService:
         self._thread.add(GenerationRequest(chat.request_id, chat.tenant, messages, sampling))
         return chat.request_id
 
-    async def _owner(self, request_id: str) -> str | None:
+    async def _owners(self, request_ids: list[str]) -> dict[str, str]:
+        """Who already started these requests, in one round trip for the whole poll."""
+        if not request_ids:
+            return {}
         try:
-            return await self._routes.owner(request_id)
+            return await self._routes.owners(request_ids)
         except (RedisError, OSError) as exc:
-            log.warning("cannot read the claim of %s (%s); running it", request_id, exc)
-            return None
+            log.warning("cannot read the claims of %d requests (%s); running them", len(request_ids), exc)
+            return {}
 
     async def _quarantine(self, chat: wire.ChatRequest, owner: str) -> None:
         self.metrics.quarantined.inc()
