@@ -14,7 +14,9 @@ import hmac
 from dataclasses import dataclass
 
 from cachetools import LRUCache
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+
+from shared.redis_batcher import RedisBatcher
 
 ROUTE_TTL_S = 3600
 
@@ -48,24 +50,26 @@ class RoutingMap:
         # redis-py's cluster client fails at once, not by waiting, once a node's pool is
         # exhausted, and misbehaves near that edge: a burst of admissions queues here instead.
         self._in_flight = asyncio.Semaphore(max_in_flight)
+        self._batcher = RedisBatcher(redis)
         self._cache: LRUCache[str, Route] = LRUCache(maxsize=cache_size)
         self.num_cache_hits = 0
         self.num_cache_misses = 0
 
     async def put(self, request_id: str, route: Route, tenant: str, resume_token: str) -> None:
-        async with self._in_flight:
-            key = route_key(request_id)
-            fields = {
-                "edge": route.edge_id,
-                "conn": route.conn_id,
-                "epoch": route.epoch,
-                "tenant": tenant,
-                "resume": token_digest(resume_token),
-            }
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.hset(key, mapping=fields)
-                pipe.expire(key, ROUTE_TTL_S)
-                await pipe.execute()
+        key = route_key(request_id)
+        fields = {
+            "edge": route.edge_id,
+            "conn": route.conn_id,
+            "epoch": route.epoch,
+            "tenant": tenant,
+            "resume": token_digest(resume_token),
+        }
+
+        def write(pipe: ClusterPipeline) -> None:
+            pipe.hset(key, mapping=fields)
+            pipe.expire(key, ROUTE_TTL_S)
+
+        await self._batcher.run(write)
 
     async def check_resume(self, request_id: str, tenant: str, resume_token: str) -> bool:
         """True only for the tenant holding the request's own token (compared in constant time)."""
@@ -101,9 +105,8 @@ class RoutingMap:
         return {rid: worker for rid, worker in zip(request_ids, found) if worker}
 
     async def delete(self, request_id: str) -> None:
-        async with self._in_flight:
-            self._cache.pop(request_id, None)
-            await self._redis.delete(route_key(request_id))
+        self._cache.pop(request_id, None)
+        await self._batcher.run(lambda pipe: pipe.delete(route_key(request_id)))
 
     async def get_many(self, request_ids: list[str], min_epochs: dict[str, int] | None = None) -> dict[str, Route]:
         """Routes of the given requests; unknown ones are absent from the result."""
