@@ -33,6 +33,25 @@ MID_STREAM_TEXT = """() => {
   const reply = [...document.querySelectorAll(".message.assistant")].pop();
   return reply?.dataset.status === "streaming" && reply.querySelector(".body").textContent;
 }"""
+# Keeps the page's sockets where a test can reach them (window.testSockets), to drop one.
+KEEP_SOCKETS = """(() => {
+  const Native = window.WebSocket;
+  window.testSockets = [];
+  window.WebSocket = class extends Native {
+    constructor(...args) {
+      super(...args);
+      window.testSockets.push(this);
+    }
+  };
+})()"""
+# Closes the page's open socket; the page sees it drop as it would a lost network.
+DROP_SOCKET = "() => window.testSockets.filter((ws) => ws.readyState === WebSocket.OPEN).forEach((ws) => ws.close())"
+# The last reply's text and meta the moment it shows as reconnecting (checked in one go, in the page).
+RECONNECTING = """() => {
+  const reply = [...document.querySelectorAll(".message.assistant")].pop();
+  return reply?.dataset.status === "reconnecting" &&
+    [reply.querySelector(".body").textContent, reply.querySelector(".meta").textContent];
+}"""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -253,8 +272,30 @@ async def test_screenshot_of_a_conversation(chat, tmp_path):
     assert struct.unpack(">II", png[16:24]) == (1280, 800)
 
 
+async def test_dropped_socket_resumes_the_reply_in_place(chat):
+    await chat.page.add_init_script(KEEP_SOCKETS)
+    await chat.open()
+    sent = words(200, "resume")
+    await chat.ask(sent)
+    reply = chat.reply()
+    await expect(reply.locator(".body")).to_contain_text("resume3 ", timeout=STREAM_TIMEOUT_MS)
+
+    await chat.page.evaluate(DROP_SOCKET)
+    shown, meta = await (await chat.page.wait_for_function(RECONNECTING, timeout=STREAM_TIMEOUT_MS)).json_value()
+    assert meta == "Reconnecting…" and sent.startswith(shown) and len(shown.split()) >= 4
+    await expect(chat.page.locator("#connection")).to_have_attribute("data-state", "open", timeout=STREAM_TIMEOUT_MS)
+    assert await chat.wait_finished(reply) == sent  # nothing lost, nothing twice
+    await expect(reply.locator(".meta")).to_be_empty()
+    assert await chat.page.evaluate("window.testSockets.length") == 2
+
+    (chat_frame,) = chat.chat_frames()
+    (resume,) = [f for f in chat.sent if f["type"] == "resume"]
+    assert resume["id"] == chat_frame["id"] and resume["request_id"] and resume["resume_token"]
+    assert 0 <= resume["last_seq"] < 200
+
+
 async def test_dropped_socket_fails_the_reply_then_reconnects_and_retries(chat, page_fleet):
-    """Last in this file: it kills and restarts the edge."""
+    """Last in this file: it kills the edge and restarts it only after the page gave the reply up."""
     await chat.open()
     await chat.ask(words(300, "drop"))
     reply = chat.reply()

@@ -1,13 +1,14 @@
 // Drivetrain's chat page: wires the conversations, the socket to the edge and the view.
 
 import { ChatConnection } from "./connection.js";
-import { ChatBook } from "./conversations.js";
+import { ChatBook, LOST } from "./conversations.js";
 import { ChatView } from "./view.js";
 
 const KEY_STORAGE = "drivetrain.apiKey";
 const CHAT_PARAMS = { max_tokens: 1024 };
 const REFUSED = "refused: check your API key";
-const LOST = { code: "disconnected", message: "the connection dropped before the reply finished", retryable: true };
+// The edge's resume_grace_s (10 s by default): how long a dropped socket's streams wait.
+const RESUME_GRACE_MS = 10_000;
 const CLOSE_NOTICE = {
   1008: "The edge closed the connection: a message broke its rules.",
   1009: "The edge closed the connection: a message was too large.",
@@ -32,9 +33,15 @@ function conversationOf(message) {
   return book.conversations.find((c) => c.messages.includes(message)) ?? null;
 }
 
+// Replies that lost their socket fail once the edge no longer holds their streams.
+function expireDetached() {
+  for (const { reply } of book.expireDetached(Date.now())) view.updateMessage(reply);
+  refresh();
+}
+
 function stopReply(reply) {
   const stream = reply.stream;
-  if (stream.sent) {
+  if (stream.sent && !stream.awaitingSocket) {
     connection.send({ type: "cancel", id: stream.chatId }); // the edge answers with done: cancelled
   } else {
     book.finish(stream.chatId, "cancelled");
@@ -90,6 +97,9 @@ const connection = new ChatConnection({
   },
   onOpen() {
     view.notice(null);
+    for (const { reply } of book.awaitingSocket()) {
+      if (connection.send(book.resumeFrame(reply))) reply.stream.resumeSent = true;
+    }
     for (const { conversation, reply } of book.unsent()) transmit(conversation, reply);
   },
   onFrame(frame) {
@@ -103,8 +113,10 @@ const connection = new ChatConnection({
     else view.updateMessage(change.reply);
     if (!change.reply.inFlight) refresh();
   },
-  onLost(code) {
-    for (const { reply } of book.failSent(LOST)) view.updateMessage(reply);
+  onLost(code, resumable) {
+    const changed = resumable ? book.detachSent(Date.now() + RESUME_GRACE_MS) : book.failSent(LOST);
+    for (const { reply } of changed) view.updateMessage(reply);
+    if (resumable && changed.length > 0) setTimeout(expireDetached, RESUME_GRACE_MS + 100);
     if (CLOSE_NOTICE[code]) view.notice(CLOSE_NOTICE[code]);
     refresh();
   },

@@ -28,7 +28,8 @@ async function edgeAnswers() {
 }
 
 export class ChatConnection {
-  // handlers: onState(state, detail), onOpen(), onFrame(frame), onLost(code), onRefused()
+  // handlers: onState(state, detail), onOpen(), onFrame(frame), onLost(code, resumable), onRefused()
+  // onLost's resumable is false when the page closed the socket itself (no reconnect follows).
   constructor(handlers) {
     this.handlers = handlers;
     this.apiKey = null;
@@ -58,7 +59,7 @@ export class ChatConnection {
     if (ws) {
       const wasOpen = ws.readyState === WebSocket.OPEN;
       ws.close(1000, "closed by the page");
-      if (wasOpen) this.handlers.onLost(1000);
+      if (wasOpen) this.handlers.onLost(1000, false);
     }
     this.handlers.onState("idle");
   }
@@ -103,7 +104,7 @@ export class ChatConnection {
       if (this.ws !== ws) return; // replaced or stopped on purpose
       this.ws = null;
       if (opened) {
-        this.handlers.onLost(event.code);
+        this.handlers.onLost(event.code, true);
         this.scheduleRetry();
       } else {
         this.failedBeforeOpen();

@@ -3,6 +3,8 @@
 
 const TITLE_CHARS = 48;
 const FINISHED = new Set(["stop", "length", "cancelled"]);
+// A reply whose socket dropped and could not be resumed.
+export const LOST = { code: "disconnected", message: "the connection dropped before the reply finished", retryable: true };
 
 // One reply in flight. Keeps what a stream resume needs: the request id, the resume
 // token (when the edge gives one) and the last seq shown.
@@ -13,6 +15,20 @@ export class ReplyStream {
     this.resumeToken = null;
     this.lastSeq = -1;
     this.sent = false;
+    // After its socket dropped: detached until the edge answers `resumed`; resumeSent
+    // once the resume frame is out on a new socket; resumeBy is when the edge gives up.
+    this.detached = false;
+    this.resumeSent = false;
+    this.resumeBy = 0;
+  }
+
+  get resumable() {
+    return this.requestId !== null && this.resumeToken !== null;
+  }
+
+  // Waits for a socket to send its resume frame on.
+  get awaitingSocket() {
+    return this.detached && !this.resumeSent;
   }
 
   // True for the next token; false for one already shown (a duplicate).
@@ -27,7 +43,7 @@ export class Message {
   constructor(role, text = "") {
     this.role = role; // "user" | "assistant"
     this.text = text;
-    // assistant: "waiting" | "streaming" | "stop" | "length" | "cancelled" | "error"
+    // assistant: "waiting" | "streaming" | "reconnecting" | "stop" | "length" | "cancelled" | "error"
     this.status = role === "user" ? "sent" : "waiting";
     this.error = null; // {code, message, retryable}
     this.stream = null; // ReplyStream while in flight
@@ -108,6 +124,23 @@ export class ChatBook {
     return [...this.inFlight.values()].filter(({ reply }) => !reply.stream.sent);
   }
 
+  // Replies whose socket dropped, waiting for the next one to resume them on.
+  awaitingSocket() {
+    return [...this.inFlight.values()].filter(({ reply }) => reply.stream.awaitingSocket);
+  }
+
+  // The frame that picks a reply's stream up after the last token shown, under the same chat id.
+  resumeFrame(reply) {
+    const stream = reply.stream;
+    return {
+      type: "resume",
+      id: stream.chatId,
+      request_id: stream.requestId,
+      resume_token: stream.resumeToken,
+      last_seq: stream.lastSeq,
+    };
+  }
+
   // Applies one edge frame. Returns {conversation, reply, text?} for the reply it
   // changed, or null when it belongs to no reply in flight (late or id-less frames).
   apply(frame) {
@@ -120,6 +153,12 @@ export class ChatBook {
         stream.requestId = frame.request_id ?? null;
         stream.resumeToken = frame.resume_token ?? null;
         return entry;
+      case "resumed":
+        if (!stream.detached || frame.request_id !== stream.requestId) return null;
+        stream.detached = false;
+        stream.resumeSent = false;
+        reply.status = stream.lastSeq >= 0 ? "streaming" : "waiting";
+        return entry;
       case "token":
         if (!Number.isInteger(frame.seq) || !stream.takes(frame.seq)) return null;
         reply.status = "streaming";
@@ -128,6 +167,7 @@ export class ChatBook {
       case "done":
         return this.finish(frame.id, FINISHED.has(frame.finish_reason) ? frame.finish_reason : "stop");
       case "error":
+        if (stream.detached && frame.code === "resume_refused") return this.finish(frame.id, "error", { ...LOST });
         return this.finish(frame.id, "error", {
           code: String(frame.code ?? "error"),
           message: String(frame.message ?? ""),
@@ -148,11 +188,35 @@ export class ChatBook {
     return entry;
   }
 
-  // The socket dropped: replies already sent are lost with it (a stream resume would
-  // pick them up from stream.lastSeq instead); unsent ones wait for the next socket.
-  failSent(error) {
+  // The socket was closed on purpose: replies already sent are lost with it; unsent
+  // ones wait for the next socket.
+  failSent(error = LOST) {
     return [...this.inFlight.values()]
       .filter(({ reply }) => reply.stream.sent)
       .map(({ reply }) => this.finish(reply.stream.chatId, "error", { ...error }));
+  }
+
+  // The socket dropped: replies already sent wait, reconnecting, for a new socket to
+  // resume them on until `resumeBy`; one the edge never accepted cannot be resumed and
+  // fails. Unsent ones wait for the next socket as they are.
+  detachSent(resumeBy) {
+    return [...this.inFlight.values()]
+      .filter(({ reply }) => reply.stream.sent)
+      .map(({ reply }) => {
+        const stream = reply.stream;
+        if (!stream.resumable) return this.finish(stream.chatId, "error", { ...LOST });
+        stream.detached = true;
+        stream.resumeSent = false;
+        stream.resumeBy = resumeBy;
+        reply.status = "reconnecting";
+        return this.inFlight.get(stream.chatId);
+      });
+  }
+
+  // Replies still without a socket at `now`, past their grace: the edge has cancelled them.
+  expireDetached(now) {
+    return this.awaitingSocket()
+      .filter(({ reply }) => reply.stream.resumeBy <= now)
+      .map(({ reply }) => this.finish(reply.stream.chatId, "error", { ...LOST }));
   }
 }

@@ -184,6 +184,9 @@ export class ChatView {
       typing.append(element("span"), element("span"), element("span"));
       return [typing];
     }
+    if (message.status === "reconnecting") {
+      return [element("span", "reconnecting", "Reconnecting…")];
+    }
     if (message.status === "error") {
       const { code, message: why, retryable } = message.error;
       const parts = [element("span", "error-text", `Error (${code})${why ? `: ${why}` : ""}`)];
