@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTHON ?= python3
 
-.PHONY: install system-deps run test test-unit test-integration infra-up infra-down loadtest bench-pipeline clean
+.PHONY: install system-deps run test test-unit infra-up infra-down loadtest bench-pipeline clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -1,8 +1,8 @@
 """The worker service: Kafka requests in, engine on its own thread, token batches out.
 
 Offsets are committed once a request has started (see offset_tracker.py). Every
-engine step becomes one Kafka message per destination edge, carrying that step's
-events for all of the edge's requests, each tagged with its seq. A request that
+engine step becomes one Kafka message per destination edge (and token shard),
+carrying that step's events for the edge's requests, each tagged with its seq. A request that
 another worker started is never run here: if that worker is gone, the request is
 quarantined, since it may be what took the worker down.
 """
