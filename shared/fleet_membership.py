@@ -34,7 +34,9 @@ async def join_fleet(
     if config.gossip_secret:
         overrides["secret"] = config.gossip_secret
     membership = Membership(profile(config.gossip_profile, **overrides), member_id, role, addresses, load)
-    await membership.start(config.gossip_seed_addresses())
+    own = (overrides["advertise_host"], config.gossip_port)
+    # The first seed need not wait for itself to answer.
+    await membership.start([seed for seed in config.gossip_seed_addresses() if seed != own])
     return membership
 
 

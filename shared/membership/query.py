@@ -90,11 +90,12 @@ def members_json(rows: Iterable[dict[str, Any]]) -> str:
 
 
 def members_table(rows: Iterable[dict[str, Any]]) -> str:
-    """One line per member, for people: id, role, status, incarnation, gossip address, load."""
-    lines = [f"{'ID':<24} {'ROLE':<8} {'STATUS':<8} {'INC':>5}  {'ADDRESS':<22} LOAD"]
+    """One line per member, for people: id, role, status, incarnation, pid, gossip address, load."""
+    lines = [f"{'ID':<24} {'ROLE':<8} {'STATUS':<8} {'INC':>5} {'PID':>8}  {'ADDRESS':<22} LOAD"]
     for row in rows:
         load = " ".join(f"{k}={v:g}" for k, v in sorted(row["load"].items()))
         lines.append(
-            f"{row['id']:<24} {row['role']:<8} {row['status']:<8} {row['incarnation']:>5}  {row['address']:<22} {load}"
+            f"{row['id']:<24} {row['role']:<8} {row['status']:<8} {row['incarnation']:>5} {row['pid']:>8}"
+            f"  {row['address']:<22} {load}"
         )
     return "\n".join(lines)
