@@ -34,7 +34,7 @@ class MembershipConfig:
     suspicion_mult: int = 3
     # Unconfirmed suspicion lasts this many times longer (Lifeguard); each independent
     # confirmation shrinks it towards the minimum.
-    suspicion_max_timeout_mult: int = 3
+    suspicion_max_timeout_mult: int = 2
     # Each update is piggybacked retransmit_mult * ceil(log10(N + 1)) times.
     retransmit_mult: int = 4
     # Updates are also pushed on their own to gossip_nodes random members every gossip_interval,
