@@ -30,6 +30,7 @@ def build_app(service: EdgeService) -> Starlette:
     async def chat_socket(websocket: WebSocket) -> None:
         tenant = authenticate(api_keys, websocket.headers, websocket.query_params)
         if tenant is None:
+            service.count_refusal("invalid_api_key", None)
             # Refused at the handshake with a real HTTP status, before any frame.
             await websocket.send_denial_response(
                 PlainTextResponse("missing or unknown API key", status_code=401, headers={"WWW-Authenticate": "Bearer"})

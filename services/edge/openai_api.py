@@ -55,12 +55,14 @@ def openai_routes(service: EdgeService, api_keys: dict[str, str]) -> list[BaseRo
     async def chat_completions(request: Request) -> Response:
         tenant = tenant_of(request)
         if tenant is None:
+            service.count_refusal("invalid_api_key", None)
             return error_response(unauthorized(request))
         head = CompletionHeader(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model)
         try:
             body = await read_json_body(request, service.config.max_frame_bytes)
             parsed = parse_completion_request(body, model, head.id)
         except ApiError as exc:
+            service.count_refusal(exc.code or "invalid_request", tenant)
             return error_response(exc)
         return CompletionResponse(service, tenant, parsed, head)
 
@@ -186,6 +188,7 @@ class CompletionResponse:
             try:
                 await chat.open(self._parsed)
             except ProtocolError as exc:
+                self._service.count_refusal(exc.code, self._tenant)
                 await error_response(refusal_error(exc.code, exc.message, exc.retryable))(scope, receive, send)
                 return
             serve = self._stream if self._parsed.stream else self._collect

@@ -98,11 +98,15 @@ class EdgeService:
             elif isinstance(frame, ResumeFrame):
                 await self.resume_chat(conn, frame)
         except ProtocolError as exc:
-            self.metrics.refusals.labels(exc.code, self.tier_of(conn.tenant)).inc()
+            self.count_refusal(exc.code, conn.tenant)
             conn.send(error_frame(exc.chat_id, exc.code, exc.message, exc.retryable))
 
     def tier_of(self, tenant: str) -> str:
         return self._tiers.get(tenant, DEFAULT_TIER)
+
+    def count_refusal(self, code: str, tenant: str | None) -> None:
+        """Every refusal, from any endpoint; one without a known key has no tier."""
+        self.metrics.refusals.labels(code, self.tier_of(tenant) if tenant else "none").inc()
 
     def _check_new_chat(self, conn: Connection, chat_id: str) -> None:
         if conn.has_chat(chat_id):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from websockets.exceptions import InvalidStatus
 
 from shared.chat_client import ChatSocket
 
@@ -41,6 +43,9 @@ async def test_metrics_follow_traffic(echo_fleet):
     assert value(edge, "drivetrain_edge_ttft_seconds_count") >= 3
     assert value(edge, "drivetrain_edge_itl_seconds_count") >= 12
     assert value(edge, "drivetrain_edge_refusals_total", code="invalid_json", tier="standard") >= 1
+    with pytest.raises(InvalidStatus):  # a refused key counts too, without a tier
+        await ChatSocket.open(spec.chat_url(0), api_key="wrong")
+    assert value(scrape(spec.base_port), "drivetrain_edge_refusals_total", code="invalid_api_key", tier="none") >= 1
     assert value(edge, "drivetrain_edge_stream_endings_total", reason="stop") >= 3
     assert value(edge, "drivetrain_gossip_members", role="worker", status="alive") == 2
     workers = [scrape(spec.worker_metrics_port(i)) for i in range(spec.workers)]

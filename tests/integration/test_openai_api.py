@@ -220,9 +220,13 @@ class ScriptedService:
         self._refusal = refusal
         self._script = script
         self.closed_unfinished: list[list[str]] = []
+        self.refusals: list[tuple[str, str | None]] = []
 
     def open_connection(self, conn: Connection) -> None:
         pass
+
+    def count_refusal(self, code: str, tenant: str | None) -> None:
+        self.refusals.append((code, tenant))
 
     async def close_connection(self, conn: Connection, grace: bool = True) -> None:
         assert not grace, "an HTTP client cannot resume, so nothing may wait for it"
@@ -259,6 +263,7 @@ async def test_admission_refusals_map_to_http_status(refusal, status, code):
     assert_openai_error(response, status, code, "messages" if code == "context_length_exceeded" else None)
     assert response.headers.get("retry-after") == ("1" if status in (429, 503) else None)
     assert service.closed_unfinished == [[]]  # the refused chat's connection was closed too
+    assert service.refusals == [(refusal.code, "t")]  # and the refusal is counted for its tenant
 
 
 async def test_worker_error_before_any_token_is_an_http_status():
