@@ -11,11 +11,10 @@ import torch
 from services.worker.config import WorkerConfig
 from services.worker.engine.engine import Engine, EngineConfig
 from services.worker.engine.llm_engine import LLMEngine, build_llm_engine
-from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.sampling_params import SamplingParams
-from services.worker.engine.scheduler import SchedulerOutput
 from services.worker.generation import GenerationRequest, RequestRejected, StepOutput
 from shared import cli
+from tests.unit.test_engine import FaultyRunner
 
 SAMPLED = SamplingParams(max_tokens=12, temperature=1.0, seed=11)
 
@@ -143,13 +142,6 @@ def test_stop_string_ends_the_text_and_the_request(llm: LLMEngine) -> None:
     assert outputs[-1].finish_reason == "stop" and outputs[-1].usage.completion_tokens < 12
     pool = llm.engine.kv_cache_manager.block_pool
     assert not llm.has_unfinished_requests() and pool.num_free_blocks == pool.num_usable_blocks
-
-
-class FaultyRunner(ModelRunner):
-    def run(self, out: SchedulerOutput) -> dict[str, int]:
-        if any(chunk.request_id == "bad" for chunk in out.chunks):
-            raise RuntimeError("injected fault")
-        return super().run(out)
 
 
 def test_engine_error_reaches_only_its_request(llm: LLMEngine) -> None:
