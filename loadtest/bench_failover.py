@@ -1,4 +1,4 @@
-"""How fast the fleet notices a death, and what clients see, with real processes (local gossip profile).
+"""How fast the fleet notices a death, and what clients see, with real processes (gossip at its one-machine defaults).
 
 - kill-to-error: SIGKILL a worker under streaming load; time until each of its
   streams' clients holds its `worker_lost` error (p50/p99/max over --runs kills);
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from shared.chat_client import ChatSocket  # noqa: E402
-from shared.infra import load_config  # noqa: E402
-from shared.launcher import Fleet, FleetSpec, fresh_topics  # noqa: E402
-from shared.membership import profile, query_members  # noqa: E402
+from services.launcher.fleet import Fleet
+from services.launcher.spec import FleetSpec
+from shared.chat_client import ChatSocket
+from shared.infra.command import fresh_topics
+from shared.infra.settings import InfraSettings
+from shared.membership import MembershipSettings, query_members
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORDS = 200
@@ -35,12 +35,12 @@ WORDS = 200
 
 def start_fleet(workers: int, routers: int, tag: str) -> Fleet:
     layout = fresh_topics(f"bench-{tag}")
-    log_dir = Path(load_config().infra_dir) / "logs" / "bench-failover"
+    log_dir = Path(InfraSettings().infra_dir) / "logs" / "bench-failover"
     log_dir.mkdir(parents=True, exist_ok=True)
     spec = FleetSpec(
         edges=1, workers=workers, routers=routers, model="echo", echo_delay_ms=20,
         base_port=31080, base_internal_port=32180, base_gossip_port=33280,
-        extra_env={"DRIVETRAIN_TOPIC_PREFIX": layout.prefix},
+        extra_env={"DRIVETRAIN_TOPICS_PREFIX": layout.prefix},
     )
     fleet = Fleet(spec, log_dir=log_dir, echo_logs=False)
     fleet.start()
@@ -65,7 +65,7 @@ async def collect_all(sockets: list[ChatSocket]):
 
 async def views_agree_dead(fleet: Fleet, victim: str, since: float, timeout: float = 10.0) -> float | None:
     """Seconds until every member still running sees `victim` as dead (asked over gossip)."""
-    gossip = profile("local", cluster_name=fleet.spec.extra_env["DRIVETRAIN_TOPIC_PREFIX"])
+    gossip = MembershipSettings(cluster_name=fleet.spec.extra_env["DRIVETRAIN_TOPICS_PREFIX"])
     seed = ("127.0.0.1", fleet.spec.base_gossip_port)
     others = [m for m in await query_members(seed, gossip) if m["id"] != victim and m["status"] == "alive"]
     pending = {m["id"]: tuple(m["address"].rsplit(":", 1)) for m in others}
@@ -85,14 +85,15 @@ async def worker_kills(fleet: Fleet, runs: int) -> dict:
     errors, detections = [], []
     for run in range(runs):
         sockets = await open_streams(fleet.spec.chat_url(0), 10)
+        victim = fleet.children["worker-0"].spec.member_id
         fleet.kill("worker-0")
         killed = time.perf_counter()
-        detection = asyncio.create_task(views_agree_dead(fleet, "worker-0", killed))
+        detection = asyncio.create_task(views_agree_dead(fleet, victim, killed))
         results = await collect_all(sockets)
         errors += [r.arrivals[-1] - killed for r in results if r.final["type"] == "error"]
         if (seconds := await detection) is not None:
             detections.append(seconds)
-        fleet.start_worker(0)
+        fleet.start_child(fleet.spec.worker(0))
         fleet.wait_ready(60)
         print(f"run {run + 1}/{runs}: {len(errors)} errors so far", flush=True)
     return {"kill_to_error_s": summary(errors), "kill_to_detection_by_all_s": summary(detections)}
@@ -109,7 +110,7 @@ async def router_kill(fleet: Fleet) -> dict:
 
 async def soak(fleet: Fleet, minutes: float) -> dict:
     """Streams keep flowing; every second, is anyone seen as anything but alive?"""
-    gossip = profile("local", cluster_name=fleet.spec.extra_env["DRIVETRAIN_TOPIC_PREFIX"])
+    gossip = MembershipSettings(cluster_name=fleet.spec.extra_env["DRIVETRAIN_TOPICS_PREFIX"])
     seed = ("127.0.0.1", fleet.spec.base_gossip_port)
     end, samples, false_positives = time.monotonic() + minutes * 60, 0, []
 
@@ -147,7 +148,7 @@ def plot(result: dict, path: Path) -> None:
     for offset, key in ((-0.25, "p50"), (0, "p99"), (0.25, "max")):
         ax.bar(x + offset, [s.get(key, 0) for s in stats], 0.25, label=key)
     ax.axhline(2.0, color="grey", linestyle="--", linewidth=1, label="target p99 2 s")
-    ax.set(xticks=x, xticklabels=names, ylabel="seconds", title="worker SIGKILL, local gossip profile")
+    ax.set(xticks=x, xticklabels=names, ylabel="seconds", title="worker SIGKILL, one-machine gossip timing")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

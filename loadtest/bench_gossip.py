@@ -1,4 +1,4 @@
-"""Gossip membership in simulation (virtual time, `lan` profile): how fast joins converge, how fast a
+"""Gossip membership in simulation (virtual time, the LAN timing): how fast joins converge, how fast a
 crash is known everywhere, and how often a live member is wrongly declared dead under packet loss.
 
     python loadtest/bench_gossip.py            # N = 10..200, 3 seeds, 300 probe periods per loss level
@@ -13,19 +13,16 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from shared.membership import MembershipConfig, Simulation, Status
+from shared.membership import MembershipSettings, Simulation, Status
 from shared.membership.timing import suspicion_bounds
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CONFIG = MembershipConfig.lan(secret="bench")
+CONFIG = MembershipSettings.lan(secret="bench")
 PERIOD = CONFIG.probe_interval
 
 
@@ -163,7 +160,7 @@ def main() -> None:
         crash_runs = [j.result() for j in crash_jobs]
         fp_runs = sorted((j.result() for j in fp_jobs), key=lambda f: (f["n"], f["loss"]))
     report = {
-        "profile": "lan",
+        "timing": "lan",
         "probe_interval_s": PERIOD,
         "config": {k: v for k, v in vars(CONFIG).items() if k != "secret"},
         "join_and_crash": summarize(crash_runs, sizes),
@@ -177,7 +174,7 @@ def main() -> None:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    print(f"profile lan, probe period {PERIOD:g}s; wall {report['wall_s']}s")
+    print(f"LAN timing, probe period {PERIOD:g}s; wall {report['wall_s']}s")
     print(f"{'N':>5} {'converge p50/max (periods)':>27} {'1st suspect p50':>16} {'all dead p50/max (s)':>21} {'susp min/max (s)':>17}")
     for r in report["join_and_crash"]:
         c, d = r["converge_periods"], r["all_dead_s"]

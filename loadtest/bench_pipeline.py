@@ -23,15 +23,14 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from websockets.asyncio.server import serve
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from websockets.asyncio.server import serve  # noqa: E402
-
-from services.worker.echo import split_pieces  # noqa: E402
-from shared.chat_client import ChatSocket  # noqa: E402
-from shared.infra import load_config  # noqa: E402
-from shared.launcher import Fleet, FleetSpec, fresh_topics  # noqa: E402
+from services.launcher.fleet import Fleet
+from services.launcher.spec import FleetSpec
+from shared.chat_client import ChatSocket
+from shared.infra.command import fresh_topics
+from shared.infra.settings import InfraSettings
+from shared.models.echo import split_pieces
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DIRECT_PORT = 28999
@@ -107,11 +106,11 @@ async def run_streams(url: str, streams: int, words: int, delay_s: float) -> dic
 
 def start_fleet(delay_ms: float) -> tuple[Fleet, Path]:
     layout = fresh_topics("bench", partitions=8)
-    log_dir = Path(load_config().infra_dir) / "logs" / "bench"
+    log_dir = Path(InfraSettings().infra_dir) / "logs" / "bench"
     log_dir.mkdir(parents=True, exist_ok=True)
     spec = FleetSpec(
         edges=1, workers=1, routers=1, model="echo", echo_delay_ms=delay_ms,
-        base_port=28080, base_internal_port=29180, base_gossip_port=30280, extra_env={"DRIVETRAIN_TOPIC_PREFIX": layout.prefix},
+        base_port=28080, base_internal_port=29180, base_gossip_port=30280, extra_env={"DRIVETRAIN_TOPICS_PREFIX": layout.prefix},
     )
     fleet = Fleet(spec, log_dir=log_dir, echo_logs=False)
     fleet.start()

@@ -31,9 +31,10 @@ from urllib.parse import urlsplit
 from aiokafka.errors import KafkaError
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from shared.launcher import Fleet, FleetSpec
+from services.launcher.fleet import Fleet
+from services.launcher.spec import FleetSpec
+from shared.infra.settings import InfraSettings
 from shared.topics import TopicLayout
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
@@ -109,10 +110,9 @@ class LocalStack:
         self.infra = None
 
     def start(self) -> str:
-        from shared.infra import ensure_up, load_config
-        from shared.infra.command import COMPONENTS, status_lines
+        from shared.infra.command import COMPONENTS, ensure_up, status_lines
 
-        self.infra = load_config()
+        self.infra = InfraSettings()
         self.started_infra = not status_lines(self.infra, COMPONENTS)[0]
         if self.started_infra:
             print("starting Kafka and Redis …", flush=True)
@@ -125,7 +125,7 @@ class LocalStack:
             echo_delay_ms=self.args.echo_delay_ms, base_port=self.base_port,
             base_internal_port=self.base_port + INTERNAL_PORT_OFFSET,
             base_gossip_port=self.base_port + GOSSIP_PORT_OFFSET,
-            extra_env={"DRIVETRAIN_TOPIC_PREFIX": self.layout.prefix},
+            extra_env={"DRIVETRAIN_TOPICS_PREFIX": self.layout.prefix},
         )
         print(f"starting an echo fleet ({spec.edges} edges, {spec.workers} workers, {spec.routers} routers, "
               f"{spec.echo_delay_ms:g} ms per step) on port {self.base_port}; logs in {log_dir}", flush=True)

@@ -1,4 +1,4 @@
-"""Joins a service to the fleet's gossip membership, from its config.
+"""Joins a service to the fleet's gossip membership, from its settings.
 
 Each test fleet runs under its own topic prefix, which also names its gossip
 cluster, so fleets sharing a machine never merge.
@@ -8,35 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from shared.config import CommonConfig
-from shared.membership import MemberEvent, Membership, Status, profile
+from shared.membership import MemberEvent, Membership, Status
 from shared.membership.member import GONE
+from shared.service_settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
-
-def advertised_host(bind_host: str) -> str:
-    return socket.gethostname() if bind_host == "0.0.0.0" else bind_host
+Load = Mapping[str, int | float]
 
 
 async def join_fleet(
-    config: CommonConfig, member_id: str, role: str, addresses: dict[str, str], load: dict[str, int | float]
+    settings: ServiceSettings, member_id: str, role: str, addresses: dict[str, str], load: Load
 ) -> Membership:
-    overrides = {
-        "cluster_name": config.topic_prefix,
-        "bind_host": config.gossip_host,
-        "bind_port": config.gossip_port,
-        "advertise_host": advertised_host(config.gossip_host),
-    }
-    if config.gossip_secret:
-        overrides["secret"] = config.gossip_secret
-    membership = Membership(profile(config.gossip_profile, **overrides), member_id, role, addresses, load)
-    own = (overrides["advertise_host"], config.gossip_port)
+    gossip = settings.membership()
+    membership = Membership(gossip, member_id, role, addresses, dict(load))
+    own = (gossip.advertised_host, gossip.port)
     # The first seed need not wait for itself to answer.
-    await membership.start([seed for seed in config.gossip_seed_addresses() if seed != own])
+    await membership.start([seed for seed in gossip.seed_addresses() if seed != own])
     return membership
 
 
@@ -57,8 +47,8 @@ def is_alive(membership: Membership, member_id: str) -> bool:
     return member is not None and member.status not in GONE
 
 
-async def publish_load(membership: Membership, load: Callable[[], dict[str, int | float]], period_s: float = 1.0) -> None:
+async def publish_load(membership: Membership, load: Callable[[], Load], period_s: float = 1.0) -> None:
     """Keep the member's load current for the rest of the fleet (edges read workers' load)."""
     while True:
-        membership.set_load(load())
+        membership.set_load(dict(load()))
         await asyncio.sleep(period_s)

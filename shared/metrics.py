@@ -1,7 +1,8 @@
-"""Prometheus plumbing shared by the services: a metrics endpoint, gossip and Kafka-lag collectors.
+"""Prometheus plumbing shared by the services: gossip and Kafka-lag collectors.
 
-Each service keeps its metrics in its own registry (no process-global state); the
-edge serves it on its HTTP port at /metrics, workers and routers on `metrics_port`.
+Each service keeps its metrics in its own registry (no process-global state); the edge
+serves it on its HTTP port at /metrics, workers and routers on their metrics port
+(shared/status_server.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections import Counter as Tally
 from collections.abc import Iterator
 
 from aiokafka import AIOKafkaConsumer
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -23,14 +24,9 @@ log = logging.getLogger(__name__)
 LAG_PERIOD_S = 2.0
 
 
-def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> None:
-    """Expose the registry over HTTP on its own port (0 = not at all)."""
-    if port:
-        start_http_server(port, addr=host, registry=registry)
-
-
 class GossipCollector(Collector):
-    """Members by role and status, and dropped gossip packets by reason, read at scrape time."""
+    """Members by role and status, dropped gossip packets by reason, and membership events no
+    listener took in time, read at scrape time."""
 
     def __init__(self, membership: Membership) -> None:
         self._membership = membership
@@ -44,6 +40,10 @@ class GossipCollector(Collector):
         for reason, count in self._membership.drops().items():
             drops.add_metric([reason], count)
         yield drops
+        yield CounterMetricFamily(
+            "drivetrain_gossip_events_dropped", "Membership events dropped because a listener's queue was full",
+            value=self._membership.events_dropped,
+        )
 
 
 def watch_consumer_lag(consumer: AIOKafkaConsumer, registry: CollectorRegistry) -> asyncio.Task:

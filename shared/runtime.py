@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 
@@ -18,14 +18,21 @@ def setup_logging(level: str, name: str) -> None:
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
 
-def run_until_signalled(main: Coroutine[Any, Any, None]) -> None:
-    """Run `main`; SIGINT or SIGTERM cancels it, so its `finally` blocks shut it down cleanly."""
+def run_until_signalled(main: Coroutine[Any, Any, None], on_signal: Callable[[], None] | None = None) -> None:
+    """Run `main`; SIGINT or SIGTERM calls `on_signal` (say, to report draining), then cancels `main`,
+    so its `finally` blocks shut it down cleanly."""
 
     async def runner() -> None:
         task = asyncio.create_task(main)
+
+        def stop() -> None:
+            if on_signal is not None:
+                on_signal()
+            task.cancel()
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
+            loop.add_signal_handler(sig, stop)
         with contextlib.suppress(asyncio.CancelledError):
             await task
 

@@ -1,26 +1,30 @@
-"""Kafka topic names and partition counts, shared by every service and by the infrastructure."""
+"""Kafka topic names under one prefix, and their partition counts: the `topics` settings section."""
 
-from dataclasses import dataclass
+from __future__ import annotations
 
-REQUESTS = "drivetrain.requests"
-TOKENS = "drivetrain.tokens"
-CONTROL = "drivetrain.control"
-DEAD_LETTER = "drivetrain.dead-letter"
+from typing import Annotated
+
+from pydantic import Field
+
+from shared.settings import Section
+
+Partitions = Annotated[int, Field(ge=1)]
 
 
-@dataclass(frozen=True)
-class TopicLayout:
-    """Topic names under one prefix (tests use their own) and their partition counts.
-
-    Requests spread over workers and tokens over routers, so those two get many
-    partitions; control and dead-letter traffic is small and needs one.
-    """
+class TopicLayout(Section):
+    """Requests spread over workers and tokens over routers, so those two get many partitions;
+    control and dead-letter traffic is small and needs one."""
 
     prefix: str = "drivetrain"
-    requests_partitions: int = 8
-    tokens_partitions: int = 8
-    control_partitions: int = 1
-    dead_letter_partitions: int = 1
+    """prefix of the Kafka topics (PREFIX.requests, .tokens, .control, .dead-letter) and consumer groups; it also names the gossip cluster, so fleets with different prefixes never merge"""
+    requests_partitions: Partitions = 8
+    """partitions of PREFIX.requests, where a fleet creates its topics"""
+    tokens_partitions: Partitions = 8
+    """partitions of PREFIX.tokens"""
+    control_partitions: Partitions = 1
+    """partitions of PREFIX.control"""
+    dead_letter_partitions: Partitions = 1
+    """partitions of PREFIX.dead-letter"""
 
     @property
     def requests(self) -> str:

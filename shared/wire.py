@@ -6,9 +6,19 @@ consumers turn into a dead-letter record instead of a crash.
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import msgspec
 
+from shared.codes import ErrorCode, FinishReason
+
 WIRE_VERSION = 1
+
+# A request's sampling limits, checked wherever one enters: the client protocol and this wire.
+Role = Literal["system", "user", "assistant"]
+MaxTokens = Annotated[int, msgspec.Meta(ge=1)]
+Temperature = Annotated[float, msgspec.Meta(ge=0.0)]
+TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 
 
 class WireError(ValueError):
@@ -16,7 +26,7 @@ class WireError(ValueError):
 
 
 class Message(msgspec.Struct, frozen=True):
-    role: str
+    role: Role
     content: str
 
 
@@ -28,9 +38,9 @@ class ChatRequest(msgspec.Struct, frozen=True, tag="chat"):
     conn_id: str
     tenant: str
     messages: list[Message]
-    max_tokens: int = 256
-    temperature: float = 0.7
-    top_p: float = 1.0
+    max_tokens: MaxTokens = 256
+    temperature: Temperature = 0.7
+    top_p: TopP = 1.0
     seed: int | None = None
     created_at: float = 0.0
     v: int = WIRE_VERSION
@@ -76,6 +86,7 @@ class Started(msgspec.Struct, frozen=True, tag="started", array_like=True):
     seq: int
     worker_id: str
 
+
 class Token(msgspec.Struct, frozen=True, tag="token", array_like=True):
     request_id: str
     seq: int
@@ -91,16 +102,21 @@ class Usage(msgspec.Struct, frozen=True, array_like=True):
 class Done(msgspec.Struct, frozen=True, tag="done", array_like=True):
     request_id: str
     seq: int
-    finish_reason: str
+    finish_reason: FinishReason
     usage: Usage
 
 
 class Error(msgspec.Struct, frozen=True, tag="error", array_like=True):
     request_id: str
     seq: int
-    code: str
+    code: ErrorCode
     message: str
     retryable: bool
+
+    @classmethod
+    def of(cls, request_id: str, code: ErrorCode, message: str, seq: int = OUT_OF_BAND) -> Error:
+        """An error whose `retryable` is the code's own."""
+        return cls(request_id, seq, code, message, code.retryable)
 
 
 Event = Started | Token | Done | Error
@@ -137,8 +153,10 @@ def encode(message: msgspec.Struct) -> bytes:
     return _encoder.encode(message)
 
 
-def decode(data: bytes, kind: type) -> msgspec.Struct:
-    """Decode and validate; any malformed input becomes a WireError with the reason."""
+def decode(data: bytes | None, kind: type) -> msgspec.Struct:
+    """Decode and validate; any malformed input (a null record too) becomes a WireError with the reason."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise WireError(f"expected bytes, got {type(data).__name__}")
     decoder = _decoders.get(kind)
     if decoder is None:
         decoder = _decoders[kind] = msgspec.msgpack.Decoder(kind)

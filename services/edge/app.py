@@ -1,7 +1,7 @@
-"""The edge's HTTP surface: the WebSocket chat endpoint and a health check, on one port.
+"""The edge's HTTP surface on one port: the WebSocket chat endpoint, the OpenAI-compatible API,
+the chat page, /healthz and /metrics.
 
-Starlette routes under uvicorn (whose WebSocket protocol is the `websockets`
-library's), so streaming HTTP endpoints can share the port later.
+Starlette routes under uvicorn, whose WebSocket protocol is the `websockets` library's.
 """
 
 from __future__ import annotations
@@ -9,19 +9,20 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.responses import PlainTextResponse
+from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from services.edge.auth import authenticate, parse_api_keys
 from services.edge.chat_page import chat_page_routes
 from services.edge.connection import Connection
 from services.edge.openai_api import openai_routes
-from services.edge.protocol import encode_frame
+from services.edge.protocol import EdgeFrame, encode_frame
 from services.edge.service import EdgeService
+from shared.codes import ErrorCode
+from shared.health import health_route
+from shared.status_server import metrics_route
 
 
 def build_app(service: EdgeService) -> Starlette:
@@ -30,14 +31,15 @@ def build_app(service: EdgeService) -> Starlette:
     async def chat_socket(websocket: WebSocket) -> None:
         tenant = authenticate(api_keys, websocket.headers, websocket.query_params)
         if tenant is None:
-            service.count_refusal("invalid_api_key", None)
+            service.count_refusal(ErrorCode.INVALID_API_KEY, None)
             # Refused at the handshake with a real HTTP status, before any frame.
             await websocket.send_denial_response(
                 PlainTextResponse("missing or unknown API key", status_code=401, headers={"WWW-Authenticate": "Bearer"})
             )
             return
         await websocket.accept()
-        async def send_frame(frame: dict) -> None:
+
+        async def send_frame(frame: EdgeFrame) -> None:
             await websocket.send_text(encode_frame(frame))
 
         conn = Connection(uuid.uuid4().hex, tenant, send_frame)
@@ -56,17 +58,11 @@ def build_app(service: EdgeService) -> Starlette:
             await service.close_connection(conn)
             await writer
 
-    async def health(_: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "edge_id": service.config.edge_id})
-
-    async def metrics(_: Request) -> Response:
-        return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
-
     return Starlette(
         routes=[
             WebSocketRoute("/v1/chat", chat_socket),
-            Route("/healthz", health),
-            Route("/metrics", metrics),
+            health_route(service.health),
+            metrics_route(service.registry),
             *openai_routes(service, api_keys),
             *chat_page_routes(),
         ]

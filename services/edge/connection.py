@@ -12,15 +12,12 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from starlette.websockets import WebSocketDisconnect
 
-from services.edge.protocol import event_frame
+from services.edge.protocol import EdgeFrame, event_frame
 from services.edge.stream_order import StreamOrder
 from shared import wire
-
-Frame = dict[str, Any]
 
 
 @dataclass
@@ -35,12 +32,21 @@ class Chat:
     last_token_at: float | None = None
 
 
+@dataclass(frozen=True)
+class Delivered:
+    """What one routed event did: the events it let out, in order, or that it was a duplicate."""
+
+    chat: Chat
+    sent: list[wire.Event]
+    duplicate: bool = False
+
+
 class Connection:
-    def __init__(self, conn_id: str, tenant: str, sink: Callable[[Frame], Awaitable[None]]) -> None:
+    def __init__(self, conn_id: str, tenant: str, sink: Callable[[EdgeFrame], Awaitable[None]]) -> None:
         self.conn_id = conn_id
         self.tenant = tenant
         self._sink = sink
-        self._outbox: asyncio.Queue[Frame | None] = asyncio.Queue()
+        self._outbox: asyncio.Queue[EdgeFrame | None] = asyncio.Queue()
         self._by_chat: dict[str, Chat] = {}
         self._by_request: dict[str, Chat] = {}
 
@@ -73,24 +79,25 @@ class Connection:
             self._by_chat.pop(chat.chat_id, None)
 
     # Outgoing frames ---------------------------------------------------------------
-    def send(self, frame: Frame) -> None:
+    def send(self, frame: EdgeFrame) -> None:
         self._outbox.put_nowait(frame)
 
-    def deliver(self, event: wire.Event) -> tuple[Chat | None, list[wire.Event]]:
-        """Queue a token-path event in seq order: its chat, and the events that went out, in order."""
+    def deliver(self, event: wire.Event) -> Delivered | None:
+        """Queue a token-path event in seq order; None if it is for no chat of this connection."""
         chat = self._by_request.get(event.request_id)
         if chat is None:
-            return None, []
+            return None
         chat.last_event_at = time.monotonic()
         if isinstance(event, wire.Started):
             chat.owner = event.worker_id
-            return chat, []
+            return Delivered(chat, [])
+        duplicates = chat.order.num_duplicates
         ready = chat.order.push(event)
         for out in ready:
             self._outbox.put_nowait(event_frame(chat.chat_id, out))
         if chat.order.finished:
             self.close_chat(event.request_id)
-        return chat, ready
+        return Delivered(chat, ready, duplicate=chat.order.num_duplicates > duplicates)
 
     async def run_writer(self) -> None:
         """Send queued frames until `close_writer`; a dead sink just ends the loop."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.edge.connection import Chat
+from shared.codes import ErrorCode
 
 
 @dataclass(frozen=True)
@@ -17,11 +18,11 @@ class Deadlines:
     start_s: float  # longest wait for any worker to start a chat
 
 
-def overdue(chat: Chat, now: float, deadlines: Deadlines) -> tuple[str, str] | None:
+def overdue(chat: Chat, now: float, deadlines: Deadlines) -> tuple[ErrorCode, str] | None:
     """(code, message) if the chat has waited too long, else None."""
     silent = now - chat.last_event_at
     if chat.owner is not None and silent > deadlines.progress_s:
-        return "worker_lost", f"worker {chat.owner} made no progress for {silent:.0f} s"
+        return ErrorCode.WORKER_LOST, f"worker {chat.owner} made no progress for {silent:.0f} s"
     if chat.owner is None and silent > deadlines.start_s:
-        return "no_worker", f"no worker started this chat within {deadlines.start_s:.0f} s"
+        return ErrorCode.NO_WORKER, f"no worker started this chat within {deadlines.start_s:.0f} s"
     return None

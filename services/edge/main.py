@@ -4,83 +4,77 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Iterator
 
 import uvicorn
 
 from services.edge.app import build_app
-from services.edge.config import EdgeConfig
-from services.edge.prompt_limit import prompt_limit_for
 from services.edge.service import EdgeService
-from shared.fleet_membership import (
-    advertised_host,
-    join_fleet,
-    on_departure,
-    publish_load,
-)
+from services.edge.settings import EdgeSettings
+from shared.addresses import advertised_host
+from shared.fleet_membership import join_fleet, on_departure, publish_load
+from shared.health import Health, Lifecycle
 from shared.kafka_clients import make_producer
 from shared.metrics import GossipCollector
+from shared.models.prompt_length import prompt_limit
 from shared.redis_client import make_cluster
 from shared.runtime import run_until_signalled, setup_logging
+from shared.status_server import QuietServer
 
 log = logging.getLogger(__name__)
 
 
-class _Server(uvicorn.Server):
-    """Signals belong to the process runner, which shuts everything down in order."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-async def serve_edge(config: EdgeConfig) -> None:
-    prompt_limit = prompt_limit_for(config.model, config.max_model_len)
-    producer = make_producer(config.kafka_bootstrap, client_id=config.edge_id)
-    redis = make_cluster(config.redis_startup_nodes())
+async def serve_edge(settings: EdgeSettings, health: Health) -> None:
+    limit = prompt_limit(settings.spec())
+    producer = make_producer(settings.kafka.bootstrap, client_id=settings.edge_id)
+    redis = make_cluster(settings.redis.startup_nodes())
     await producer.start()
-    service = EdgeService(config, producer, redis, prompt_limit)
-    internal = await asyncio.start_server(service.serve_router, config.internal_host, config.internal_port)
-    server = _Server(
+    service = EdgeService(settings, producer, redis, limit, health=health)
+    internal = settings.internal
+    link = await asyncio.start_server(service.serve_router, internal.host, internal.port)
+    server = QuietServer(
         uvicorn.Config(
             build_app(service),
-            host=config.host,
-            port=config.port,
+            host=settings.host,
+            port=settings.port,
             ws="websockets-sansio",
-            ws_max_size=config.max_frame_bytes,
+            ws_max_size=settings.max_frame_bytes,
             ws_per_message_deflate=False,  # compression on user-chosen text invites attacks and costs CPU
             log_level="warning",
             lifespan="off",
             timeout_graceful_shutdown=2,
         )
     )
-    addresses = {"internal": f"{advertised_host(config.internal_host)}:{config.internal_port}"}
-    membership = await join_fleet(config, config.edge_id, "edge", addresses, service.load())
+    addresses = {"internal": f"{advertised_host(internal.host)}:{internal.port}"}
+    membership = await join_fleet(settings, settings.edge_id, "edge", addresses, dataclasses.asdict(service.load()))
     on_departure(membership, "worker", service.fail_worker)
     service.registry.register(GossipCollector(membership))
     serving = asyncio.create_task(server.serve())
     watchdog = asyncio.create_task(service.run_watchdog())
-    loading = asyncio.create_task(publish_load(membership, service.load))
+    loading = asyncio.create_task(publish_load(membership, lambda: dataclasses.asdict(service.load())))
+    health.set(Lifecycle.SERVING)
     log.info(
-        "edge %s ready: ws://%s:%d/v1/chat, routers at %s:%d",
-        config.edge_id, config.host, config.port, config.internal_host, config.internal_port,
+        "edge %s serving: ws://%s:%d/v1/chat, routers at %s:%d",
+        settings.edge_id, settings.host, settings.port, internal.host, internal.port,
     )
     try:
         await asyncio.shield(serving)
     finally:
+        health.set(Lifecycle.STOPPED)
         watchdog.cancel()
         loading.cancel()
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await serving
-        internal.close()
+        link.close()
         await membership.stop()
         await service.aclose()
         await producer.stop()
         await redis.aclose()
 
 
-def main(config: EdgeConfig) -> None:
-    setup_logging(config.log_level, config.edge_id)
-    run_until_signalled(serve_edge(config))
+def main(settings: EdgeSettings) -> None:
+    setup_logging(settings.log_level, settings.edge_id)
+    health = Health("edge", settings.edge_id)
+    run_until_signalled(serve_edge(settings, health), on_signal=lambda: health.set(Lifecycle.DRAINING))

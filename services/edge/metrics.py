@@ -6,7 +6,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from services.edge.connection import Chat
+from services.edge.connection import Delivered
 from shared import wire
 
 # Token latencies live between a few milliseconds and tens of seconds.
@@ -31,10 +31,15 @@ class EdgeMetrics:
         self.endings = Counter(
             "drivetrain_edge_stream_endings_total", "Streams ended, by finish reason or error code", ["reason"], registry=registry
         )
+        self.duplicates = Counter(
+            "drivetrain_edge_duplicate_events_total", "Routed events dropped as already delivered (a router handover)", registry=registry
+        )
 
-    def observe(self, chat: Chat, sent: list[wire.Event]) -> None:
-        now = time.monotonic()
-        for event in sent:
+    def observe(self, delivered: Delivered) -> None:
+        if delivered.duplicate:
+            self.duplicates.inc()
+        chat, now = delivered.chat, time.monotonic()
+        for event in delivered.sent:
             if isinstance(event, wire.Token):
                 if chat.last_token_at is None:
                     self.ttft.observe(now - chat.opened_at)

@@ -20,7 +20,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from services.edge.auth import authenticate
-from services.edge.connection import Connection, Frame
+from services.edge.connection import Connection
 from services.edge.openai_schema import (
     ApiError,
     CompletionHeader,
@@ -34,8 +34,16 @@ from services.edge.openai_schema import (
     refusal_error,
     usage_chunk_body,
 )
-from services.edge.protocol import ProtocolError
+from services.edge.protocol import (
+    AcceptedFrame,
+    DoneFrame,
+    EdgeFrame,
+    ErrorFrame,
+    ProtocolError,
+    TokenFrame,
+)
 from services.edge.service import EdgeService
+from shared.codes import ErrorCode
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -55,7 +63,7 @@ def openai_routes(service: EdgeService, api_keys: dict[str, str]) -> list[BaseRo
     async def chat_completions(request: Request) -> Response:
         tenant = tenant_of(request)
         if tenant is None:
-            service.count_refusal("invalid_api_key", None)
+            service.count_refusal(ErrorCode.INVALID_API_KEY, None)
             return error_response(unauthorized(request))
         head = CompletionHeader(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model)
         try:
@@ -136,7 +144,7 @@ class HttpChat:
 
     def __init__(self, service: EdgeService, tenant: str) -> None:
         self._service = service
-        self._frames: asyncio.Queue[Frame] = asyncio.Queue()
+        self._frames: asyncio.Queue[EdgeFrame] = asyncio.Queue()
         self.conn = Connection(uuid.uuid4().hex, tenant, self._frames.put)
         self._writer: asyncio.Task[None] | None = None
         self.chat_id = ""
@@ -149,9 +157,10 @@ class HttpChat:
         self._writer = asyncio.create_task(self.conn.run_writer())
         await self._service.start_chat(self.conn, parsed.frame)
         accepted = await self._frames.get()  # queued by start_chat before it returned
-        self.request_id = accepted["request_id"]
+        assert isinstance(accepted, AcceptedFrame)
+        self.request_id = accepted.request_id
 
-    async def next_frames(self) -> list[Frame]:
+    async def next_frames(self) -> list[EdgeFrame]:
         """At least one frame, and all others already waiting, so a burst goes out in one write."""
         frames = [await self._frames.get()]
         while not self._frames.empty():
@@ -189,7 +198,7 @@ class CompletionResponse:
                 await chat.open(self._parsed)
             except ProtocolError as exc:
                 self._service.count_refusal(exc.code, self._tenant)
-                await error_response(refusal_error(exc.code, exc.message, exc.retryable))(scope, receive, send)
+                await error_response(refusal_error(exc.code, exc.message))(scope, receive, send)
                 return
             serve = self._stream if self._parsed.stream else self._collect
             await run_until_disconnect(serve(chat, scope, receive, send), receive)
@@ -201,53 +210,54 @@ class CompletionResponse:
         pieces: list[str] = []
         while True:
             for frame in await chat.next_frames():
-                if frame["type"] == "token":
-                    pieces.append(frame["text"])
+                if isinstance(frame, TokenFrame):
+                    pieces.append(frame.text)
                     continue
-                if frame["type"] == "done":
+                if isinstance(frame, DoneFrame):
                     body = completion_body(self._head, "".join(pieces), frame)
                     response: Response = json_response(body, chat.request_id)
+                elif isinstance(frame, ErrorFrame):
+                    response = error_response(refusal_error(frame.code, frame.message), chat.request_id)
                 else:
-                    error = refusal_error(frame["code"], frame["message"], frame["retryable"])
-                    response = error_response(error, chat.request_id)
+                    continue
                 await response(scope, receive, send)
                 return
 
     async def _stream(self, chat: HttpChat, scope: Scope, receive: Receive, send: Send) -> None:
         frames = await chat.next_frames()
-        if frames[0]["type"] == "error":
-            first = frames[0]
-            error = refusal_error(first["code"], first["message"], first["retryable"])
-            await error_response(error, chat.request_id)(scope, receive, send)
+        if isinstance(first := frames[0], ErrorFrame):
+            await error_response(refusal_error(first.code, first.message), chat.request_id)(scope, receive, send)
             return
         headers = [*SSE_HEADERS, (b"x-request-id", (chat.request_id or "").encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         include_usage = self._parsed.include_usage
         events = [chunk_body(self._head, {"role": "assistant", "content": ""}, None, include_usage)]
         while True:
-            end: str | None = None
+            end: EdgeFrame | None = None
             for frame in frames:
                 events.extend(self._events_of(frame))
-                if frame["type"] != "token":
-                    end = frame["type"]
+                if isinstance(frame, (DoneFrame, ErrorFrame)):
+                    end = frame
                     break
             # A finished stream ends with OpenAI's `[DONE]` sentinel; an errored one does not.
-            body = encode_events(events) + (b"data: [DONE]\n\n" if end == "done" else b"")
+            body = encode_events(events) + (b"data: [DONE]\n\n" if isinstance(end, DoneFrame) else b"")
             await send({"type": "http.response.body", "body": body, "more_body": end is None})
             if end is not None:
                 return
             events = []
             frames = await chat.next_frames()
 
-    def _events_of(self, frame: Frame) -> list[dict[str, Any]]:
+    def _events_of(self, frame: EdgeFrame) -> list[dict[str, Any]]:
         include_usage = self._parsed.include_usage
-        if frame["type"] == "token":
-            return [chunk_body(self._head, {"content": frame["text"]}, None, include_usage)]
-        if frame["type"] == "done":
-            last = chunk_body(self._head, {}, finish_reason_of(frame["finish_reason"]), include_usage)
+        if isinstance(frame, TokenFrame):
+            return [chunk_body(self._head, {"content": frame.text}, None, include_usage)]
+        if isinstance(frame, DoneFrame):
+            last = chunk_body(self._head, {}, finish_reason_of(frame.finish_reason), include_usage)
             return [last, usage_chunk_body(self._head, frame)] if include_usage else [last]
-        # Tokens already went out under a 200: the error travels as an event, as OpenAI's does.
-        return [refusal_error(frame["code"], frame["message"], frame["retryable"]).body()]
+        if isinstance(frame, ErrorFrame):
+            # Tokens already went out under a 200: the error travels as an event, as OpenAI's does.
+            return [refusal_error(frame.code, frame.message).body()]
+        return []
 
 
 def json_response(body: dict[str, Any], request_id: str | None) -> Response:

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from services.edge.protocol import ChatFrame, ChatMessage
+from services.edge.protocol import ChatFrame, ChatMessage, DoneFrame, UsageBody
+from shared.codes import ErrorCode, FinishReason
 
 # Absent sampling fields take OpenAI's documented defaults, which clients of this API
 # expect; absent max tokens take the chat protocol's default, so both paths cap alike.
@@ -195,24 +196,24 @@ def _validation_error(reason: str) -> ApiError:
 
 # Refusals and failures ---------------------------------------------------------------------
 # Edge refusal and worker error codes -> (HTTP status, OpenAI error type, OpenAI error code).
-_STATUS_OF: dict[str, tuple[int, str, str]] = {
-    "invalid_message": (400, "invalid_request_error", "invalid_value"),
-    "invalid_request": (400, "invalid_request_error", "invalid_value"),
-    "prompt_too_long": (400, "invalid_request_error", "context_length_exceeded"),
-    "too_many_chats": (429, "rate_limit_error", "too_many_chats"),
-    "unavailable": (503, "server_error", "unavailable"),
-    "worker_lost": (503, "server_error", "worker_lost"),
-    "no_worker": (503, "server_error", "no_worker"),
-    "request_quarantined": (500, "server_error", "request_quarantined"),
+_STATUS_OF: dict[ErrorCode, tuple[int, str, str]] = {
+    ErrorCode.INVALID_MESSAGE: (400, "invalid_request_error", "invalid_value"),
+    ErrorCode.INVALID_REQUEST: (400, "invalid_request_error", "invalid_value"),
+    ErrorCode.PROMPT_TOO_LONG: (400, "invalid_request_error", "context_length_exceeded"),
+    ErrorCode.TOO_MANY_CHATS: (429, "rate_limit_error", "too_many_chats"),
+    ErrorCode.UNAVAILABLE: (503, "server_error", "unavailable"),
+    ErrorCode.WORKER_LOST: (503, "server_error", "worker_lost"),
+    ErrorCode.NO_WORKER: (503, "server_error", "no_worker"),
+    ErrorCode.REQUEST_QUARANTINED: (500, "server_error", "request_quarantined"),
 }
 
 
-def refusal_error(code: str, message: str, retryable: bool) -> ApiError:
-    """The HTTP error for a ProtocolError or an error frame; unknown retryable codes ask the client to back off."""
+def refusal_error(code: ErrorCode, message: str) -> ApiError:
+    """The HTTP error for a ProtocolError or an error frame; other retryable codes ask the client to back off."""
     status, type_, api_code = _STATUS_OF.get(code) or (
-        (429, "rate_limit_error", code) if retryable else (500, "server_error", code)
+        (429, "rate_limit_error", code.value) if code.retryable else (500, "server_error", code.value)
     )
-    param = "messages" if code == "prompt_too_long" else None
+    param = "messages" if code is ErrorCode.PROMPT_TOO_LONG else None
     retry_after = RETRY_AFTER_S if status in (429, 503) else None
     return ApiError(status, message, type_, api_code, param, retry_after)
 
@@ -221,21 +222,21 @@ def refusal_error(code: str, message: str, retryable: bool) -> ApiError:
 # OpenAI has no "cancelled": a client only cancels by going away, and then reads nothing;
 # a cancel it did not cause (say, an operator's) ended the answer early, which "stop" tells
 # every client that knows the documented values. Unknown reasons fall back to "stop" too.
-_FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop"}
+_FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.CANCELLED: "stop"}
 
 
-def finish_reason_of(reason: str) -> str:
+def finish_reason_of(reason: FinishReason) -> str:
     return _FINISH_REASONS.get(reason, "stop")
 
 
-def usage_body(usage: dict[str, int]) -> dict[str, Any]:
+def usage_body(usage: UsageBody) -> dict[str, Any]:
     """OpenAI usage from a `done` frame's usage."""
-    prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
+    prompt, completion = usage.prompt_tokens, usage.completion_tokens
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]},
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
 
 
@@ -248,7 +249,7 @@ class CompletionHeader:
     model: str
 
 
-def completion_body(head: CompletionHeader, text: str, done: dict[str, Any]) -> dict[str, Any]:
+def completion_body(head: CompletionHeader, text: str, done: DoneFrame) -> dict[str, Any]:
     return {
         "id": head.id,
         "object": "chat.completion",
@@ -259,10 +260,10 @@ def completion_body(head: CompletionHeader, text: str, done: dict[str, Any]) -> 
                 "index": 0,
                 "message": {"role": "assistant", "content": text, "refusal": None},
                 "logprobs": None,
-                "finish_reason": finish_reason_of(done["finish_reason"]),
+                "finish_reason": finish_reason_of(done.finish_reason),
             }
         ],
-        "usage": usage_body(done["usage"]),
+        "usage": usage_body(done.usage),
         "system_fingerprint": None,
     }
 
@@ -283,14 +284,14 @@ def chunk_body(
     return chunk
 
 
-def usage_chunk_body(head: CompletionHeader, done: dict[str, Any]) -> dict[str, Any]:
+def usage_chunk_body(head: CompletionHeader, done: DoneFrame) -> dict[str, Any]:
     return {
         "id": head.id,
         "object": "chat.completion.chunk",
         "created": head.created,
         "model": head.model,
         "choices": [],
-        "usage": usage_body(done["usage"]),
+        "usage": usage_body(done.usage),
         "system_fingerprint": None,
     }
 

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -26,23 +27,24 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from services.edge.auth import DEFAULT_TIER, parse_tiers
-from services.edge.config import EdgeConfig
 from services.edge.connection import Connection
 from services.edge.deadlines import Deadlines, overdue
 from services.edge.metrics import EdgeMetrics
-from services.edge.prompt_limit import PromptLimit
 from services.edge.protocol import (
+    AcceptedFrame,
     CancelFrame,
     ChatFrame,
     ProtocolError,
+    ResumedFrame,
     ResumeFrame,
-    accepted_frame,
-    error_frame,
     parse_client_frame,
-    resumed_frame,
 )
+from services.edge.settings import EdgeSettings
 from shared import wire
+from shared.codes import ErrorCode
 from shared.framing import read_frame
+from shared.health import Health
+from shared.models.prompt_length import PromptLimit
 from shared.routing_map import Route, RoutingMap
 
 log = logging.getLogger(__name__)
@@ -50,20 +52,28 @@ log = logging.getLogger(__name__)
 REFUSED_RESUME = "no resumable stream matches this request id and token"
 
 
+@dataclass(frozen=True)
+class EdgeLoad:
+    connections: int
+    chats: int
+
+
 class EdgeService:
     def __init__(
         self,
-        config: EdgeConfig,
+        config: EdgeSettings,
         producer: AIOKafkaProducer,
         redis: RedisCluster,
         prompt_limit: PromptLimit,
         registry: CollectorRegistry | None = None,
+        health: Health | None = None,
     ) -> None:
         self.config = config
+        self.health = health or Health("edge", config.edge_id)
         self.registry = registry or CollectorRegistry()
         self.metrics = EdgeMetrics(self.registry)
         self.metrics.connections.set_function(lambda: len(self._connections))
-        self.metrics.chats_in_flight.set_function(lambda: self.load()["chats"])
+        self.metrics.chats_in_flight.set_function(lambda: self.load().chats)
         self._tiers = parse_tiers(config.tenant_tiers)
         self.topics = config.topics
         self._producer = producer
@@ -99,28 +109,27 @@ class EdgeService:
                 await self.resume_chat(conn, frame)
         except ProtocolError as exc:
             self.count_refusal(exc.code, conn.tenant)
-            conn.send(error_frame(exc.chat_id, exc.code, exc.message, exc.retryable))
+            conn.send(exc.frame())
 
     def tier_of(self, tenant: str) -> str:
         return self._tiers.get(tenant, DEFAULT_TIER)
 
-    def count_refusal(self, code: str, tenant: str | None) -> None:
+    def count_refusal(self, code: ErrorCode | str, tenant: str | None) -> None:
         """Every refusal, from any endpoint; one without a known key has no tier."""
         self.metrics.refusals.labels(code, self.tier_of(tenant) if tenant else "none").inc()
 
     def _check_new_chat(self, conn: Connection, chat_id: str) -> None:
         if conn.has_chat(chat_id):
-            raise ProtocolError("duplicate_id", f"chat id {chat_id!r} is already in flight on this socket", chat_id)
+            raise ProtocolError(ErrorCode.DUPLICATE_ID, f"chat id {chat_id!r} is already in flight on this socket", chat_id)
         if conn.num_chats() >= self.config.max_chats_per_connection:
             limit = self.config.max_chats_per_connection
-            raise ProtocolError("too_many_chats", f"at most {limit} chats in flight per socket", chat_id, True)
+            raise ProtocolError(ErrorCode.TOO_MANY_CHATS, f"at most {limit} chats in flight per socket", chat_id)
 
     async def start_chat(self, conn: Connection, frame: ChatFrame) -> None:
         """Admit a chat for any kind of connection; raises ProtocolError when refused."""
         self._check_new_chat(conn, frame.id)
-        messages = [{"role": m.role, "content": m.content} for m in frame.messages]
-        if (reason := self._prompt_limit.excess(messages)) is not None:
-            raise ProtocolError("prompt_too_long", reason, frame.id)
+        if (reason := self._prompt_limit.excess(frame.messages)) is not None:
+            raise ProtocolError(ErrorCode.PROMPT_TOO_LONG, reason, frame.id)
         request_id, resume_token = uuid.uuid4().hex, secrets.token_urlsafe(24)
         request = wire.ChatRequest(
             request_id=request_id,
@@ -138,43 +147,43 @@ class EdgeService:
         try:
             await self._routes.put(request_id, Route(self.config.edge_id, conn.conn_id), conn.tenant, resume_token)
             # Accepted goes out before the request can reach a worker, so it precedes every token.
-            conn.send(accepted_frame(frame.id, request_id, resume_token))
+            conn.send(AcceptedFrame(frame.id, request_id, resume_token))
             await self._producer.send_and_wait(self.topics.requests, wire.encode(request), key=request_id.encode())
             self.metrics.chats.labels(self.tier_of(conn.tenant)).inc()
         except Exception as exc:  # noqa: BLE001 - any infrastructure failure becomes a retryable error
             log.warning("could not admit chat %s: %r", request_id, exc)
             conn.close_chat(request_id)
-            raise ProtocolError("unavailable", "the service could not take this chat now; retry", frame.id, True) from exc
+            raise ProtocolError(ErrorCode.UNAVAILABLE, "the service could not take this chat now; retry", frame.id) from exc
 
     async def cancel_chat(self, conn: Connection, chat_id: str) -> None:
         request_id = conn.request_of(chat_id)
         if request_id is None:
-            raise ProtocolError("unknown_id", f"no chat {chat_id!r} in flight on this socket", chat_id)
+            raise ProtocolError(ErrorCode.UNKNOWN_ID, f"no chat {chat_id!r} in flight on this socket", chat_id)
         # The worker answers with `done` (finish_reason "cancelled") on the token path.
         try:
             await self._cancel_by_epoch({request_id: 0})
         except KafkaError as exc:
-            raise ProtocolError("unavailable", "cannot cancel now; retry", chat_id, True) from exc
+            raise ProtocolError(ErrorCode.UNAVAILABLE, "cannot cancel now; retry", chat_id) from exc
 
     async def resume_chat(self, conn: Connection, frame: ResumeFrame) -> None:
         """Move a stream to this connection; every refusal reads the same, revealing nothing."""
         self._check_new_chat(conn, frame.id)
         try:
             if not await self._routes.check_resume(frame.request_id, conn.tenant, frame.resume_token):
-                raise ProtocolError("resume_refused", REFUSED_RESUME, frame.id)
+                raise ProtocolError(ErrorCode.RESUME_REFUSED, REFUSED_RESUME, frame.id)
             epoch = await self._routes.move(frame.request_id, self.config.edge_id, conn.conn_id)
         except (RedisError, OSError) as exc:
-            raise ProtocolError("unavailable", "cannot resume now; retry", frame.id, True) from exc
+            raise ProtocolError(ErrorCode.UNAVAILABLE, "cannot resume now; retry", frame.id) from exc
         self._detached.pop(frame.request_id, None)
         next_seq = frame.last_seq + 1
         conn.open_chat(frame.id, frame.request_id, next_seq=next_seq, epoch=epoch)
-        conn.send(resumed_frame(frame.id, frame.request_id, next_seq))
+        conn.send(ResumedFrame(frame.id, frame.request_id, next_seq))
         move = wire.Resume(frame.request_id, epoch, self.config.edge_id, conn.conn_id, next_seq)
         try:
             await self._producer.send_and_wait(self.topics.control, wire.encode(move))
         except KafkaError as exc:
             conn.close_chat(frame.request_id)
-            raise ProtocolError("unavailable", "cannot resume now; retry", frame.id, True) from exc
+            raise ProtocolError(ErrorCode.UNAVAILABLE, "cannot resume now; retry", frame.id) from exc
 
     async def _cancel_by_epoch(self, epochs: dict[str, int]) -> None:
         by_epoch: dict[int, list[str]] = defaultdict(list)
@@ -184,8 +193,8 @@ class EdgeService:
             await self._producer.send_and_wait(self.topics.control, wire.encode(wire.Cancel(request_ids, epoch)))
 
     # Liveness ----------------------------------------------------------------------------
-    def load(self) -> dict[str, int]:
-        return {"connections": len(self._connections), "chats": sum(c.num_chats() for c in self._connections.values())}
+    def load(self) -> EdgeLoad:
+        return EdgeLoad(len(self._connections), sum(c.num_chats() for c in self._connections.values()))
 
     def fail_worker(self, worker_id: str, died: bool = True) -> int:
         """A worker is gone: every stream it had started ends now, and none hangs.
@@ -202,10 +211,10 @@ class EdgeService:
                     continue
                 if chat.order.next_seq > 0 or not died:
                     message = f"worker {worker_id} was lost mid-stream; retry the request"
-                    error = wire.Error(chat.request_id, wire.OUT_OF_BAND, "worker_lost", message, True)
+                    error = wire.Error.of(chat.request_id, ErrorCode.WORKER_LOST, message)
                 else:
                     message = f"worker {worker_id} died while starting this request; it is not run again"
-                    error = wire.Error(chat.request_id, wire.OUT_OF_BAND, "request_quarantined", message, False)
+                    error = wire.Error.of(chat.request_id, ErrorCode.REQUEST_QUARANTINED, message)
                 self._deliver(conn, error)
                 failed += 1
         log.warning("worker %s is gone: %d of its streams ended", worker_id, failed)
@@ -223,7 +232,7 @@ class EdgeService:
                     if (late := overdue(chat, now, self._deadlines)) is not None:
                         code, message = late
                         log.warning("chat %s: %s (%s)", chat.request_id, code, message)
-                        self._deliver(conn, wire.Error(chat.request_id, wire.OUT_OF_BAND, code, message, True))
+                        self._deliver(conn, wire.Error.of(chat.request_id, code, message))
                         expired[chat.request_id] = chat.epoch
             for request_id, (at, epoch) in list(self._detached.items()):
                 if at <= now:
@@ -247,6 +256,10 @@ class EdgeService:
                 self.deliver(batch.deliveries)
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             pass
+        except asyncio.CancelledError:
+            # The edge is stopping. Nobody awaits this task, and asyncio's server would log its
+            # cancellation as an error with a traceback: end quietly instead.
+            pass
         finally:
             writer.close()
             with contextlib.suppress(OSError):
@@ -263,11 +276,11 @@ class EdgeService:
                 log.exception("could not deliver an event of %s", delivery.event.request_id)
 
     def _deliver(self, conn: Connection, event: wire.Event) -> None:
-        chat, sent = conn.deliver(event)
-        if chat is None:
+        delivered = conn.deliver(event)
+        if delivered is None:
             return
-        self.metrics.observe(chat, sent)
-        if sent and chat.order.finished:
+        self.metrics.observe(delivered)
+        if delivered.sent and delivered.chat.order.finished:
             self._spawn(self._forget_route(event.request_id))
 
     async def _forget_route(self, request_id: str) -> None:

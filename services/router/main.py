@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from services.router.config import RouterConfig
 from services.router.service import RouterService
+from services.router.settings import RouterSettings
+from shared.health import Health, Lifecycle
 from shared.runtime import run_until_signalled, setup_logging
 
 
-def main(config: RouterConfig) -> None:
-    setup_logging(config.log_level, config.name)
-    run_until_signalled(RouterService(config).run())
+def main(settings: RouterSettings) -> None:
+    setup_logging(settings.log_level, settings.name)
+    health = Health("router", settings.name)
+    run_until_signalled(RouterService(settings, health).run(), on_signal=lambda: health.set(Lifecycle.DRAINING))

@@ -15,23 +15,31 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+from aiokafka import (
+    AIOKafkaConsumer,
+    AIOKafkaProducer,
+    ConsumerRebalanceListener,
+    ConsumerRecord,
+    TopicPartition,
+)
 from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
-from services.router.config import RouterConfig
 from services.router.edge_links import EdgeLink, EdgeUnreachable
 from services.router.metrics import RouterMetrics
+from services.router.settings import RouterSettings
 from shared import wire
-from shared.config import parse_address
+from shared.addresses import parse_address
 from shared.fleet_membership import join_fleet
+from shared.health import Health, Lifecycle
 from shared.kafka_clients import make_consumer, make_producer, send_dead_letter
 from shared.membership import Membership
 from shared.membership.member import GONE
-from shared.metrics import GossipCollector, serve_metrics, watch_consumer_lag
+from shared.metrics import GossipCollector, watch_consumer_lag
 from shared.redis_client import make_cluster
 from shared.routing_map import Route, RoutingMap
+from shared.status_server import status_endpoint
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -41,25 +49,26 @@ ROUTE_RETRY_S = 0.5  # while the Redis Cluster fails over, lookups fail; wait an
 COMMIT_PERIOD_S = 0.1
 
 
-class _ReadyOnAssignment(ConsumerRebalanceListener):
-    """Ready once the group has given this router its share of the token partitions."""
+class _ServingOnAssignment(ConsumerRebalanceListener):
+    """Serving once the group has given this router its share of the token partitions."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, health: Health) -> None:
         self._name = name
-        self._announced = False
+        self._health = health
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         pass
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        if not self._announced:
-            self._announced = True
-            log.info("router %s ready", self._name)
+        if self._health.state is Lifecycle.STARTING:
+            log.info("router %s serving", self._name)
+        self._health.set(Lifecycle.SERVING)
 
 
 class RouterService:
-    def __init__(self, config: RouterConfig) -> None:
+    def __init__(self, config: RouterSettings, health: Health | None = None) -> None:
         self.config = config
+        self.health = health or Health("router", config.name)
         self.topics = config.topics
         self._static = config.edge_addresses()
         self._links: dict[str, EdgeLink] = {}
@@ -72,27 +81,30 @@ class RouterService:
 
     async def run(self) -> None:
         name = self.config.name
-        redis = make_cluster(self.config.redis_startup_nodes())
+        redis = make_cluster(self.config.redis.startup_nodes())
         self._routes = RoutingMap(redis, self.config.route_cache_size)
-        self._producer = make_producer(self.config.kafka_bootstrap, client_id=name)
-        consumer = make_consumer(self.config.kafka_bootstrap, client_id=name, group_id=f"{self.topics.prefix}-routers")
-        consumer.subscribe([self.topics.tokens], listener=_ReadyOnAssignment(name))
+        bootstrap = self.config.kafka.bootstrap
+        self._producer = make_producer(bootstrap, client_id=name)
+        consumer = make_consumer(bootstrap, client_id=name, group_id=f"{self.topics.prefix}-routers")
+        consumer.subscribe([self.topics.tokens], listener=_ServingOnAssignment(name, self.health))
         await self._producer.start()
         self._membership = await join_fleet(self.config, name, "router", {}, {})
         self.registry.register(GossipCollector(self._membership))
         await consumer.start()
         lag = watch_consumer_lag(consumer, self.registry)
-        serve_metrics(self.registry, self.config.metrics_host, self.config.metrics_port)
         committer = asyncio.create_task(self._commit_forwarded(consumer))
+        metrics = self.config.metrics
         try:
-            while True:
-                batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
-                records = [record for part in batches.values() for record in part]
-                if records:
-                    await self._route(records)
-                    for tp, part in batches.items():
-                        self._forwarded[tp] = part[-1].offset + 1
+            async with status_endpoint(self.registry, self.health, metrics.host, metrics.port):
+                while True:
+                    batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
+                    records = [record for part in batches.values() for record in part]
+                    if records:
+                        await self._route(records)
+                        for tp, part in batches.items():
+                            self._forwarded[tp] = part[-1].offset + 1
         finally:
+            self.health.set(Lifecycle.STOPPED)
             committer.cancel()
             with contextlib.suppress(Exception):
                 await consumer.commit(self._forwarded)

@@ -1,36 +1,26 @@
-"""The echo model: replies with the last user message, one word piece per step.
+"""The echo model: a GenerationEngine that replies with the last user message, one word piece per step.
 
-It costs no compute, so the pipeline's own overhead (Kafka, routing, sockets) can be
-tested and measured alone. Each piece is a word with its trailing whitespace, so the
-pieces of a reply concatenate to the message exactly.
+It costs no compute, so the pipeline's own overhead (Kafka, routing, sockets) can be tested and
+measured alone. Its pieces and its prompt counting are the edge's too (shared/models/echo.py).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
 from dataclasses import dataclass
 
-from services.worker.generation import (
-    GenerationRequest,
+from services.worker.engine.types import (
+    EngineLoad,
+    EngineOutput,
+    EngineRequest,
+    FailureCode,
+    FinishReason,
     RequestRejected,
     StartListener,
-    StepOutput,
     Usage,
 )
-
-CONTEXT_PIECES = 8192
-_PIECE = re.compile(r"\s*\S+\s*")
-
-
-def split_pieces(text: str) -> list[str]:
-    pieces = _PIECE.findall(text)
-    return pieces or ([text] if text else [])
-
-
-def count_prompt_pieces(messages: list[dict[str, str]]) -> int:
-    return sum(len(split_pieces(m["content"])) for m in messages)
+from shared.models.echo import CONTEXT_PIECES, count_prompt_pieces, split_pieces
 
 
 @dataclass
@@ -46,58 +36,59 @@ class _EchoStream:
 
 
 class EchoEngine:
-    """A GenerationEngine whose every step emits the next piece of each running reply."""
+    """Every step emits the next piece of each running reply."""
 
-    def __init__(self, delay_ms: float = 0.0, crash_on: str = "") -> None:
+    def __init__(self, delay_ms: float = 0.0, crash_on: str = "", context: int = CONTEXT_PIECES) -> None:
         self.delay_s = delay_ms / 1000.0
+        self.context = context
         self._crash_on = crash_on  # fault tests: a "poison" message that kills the process
         self._next_step_at = 0.0
         self._streams: dict[str, _EchoStream] = {}
+        self._steps = 0
         self.start_listener: StartListener | None = None
 
-    def add_request(self, request: GenerationRequest) -> None:
+    def add_request(self, request: EngineRequest) -> None:
         prompt_pieces = count_prompt_pieces(request.messages)
-        if prompt_pieces > CONTEXT_PIECES:
+        if prompt_pieces > self.context:
             raise RequestRejected(
-                "prompt_too_long", f"prompt has {prompt_pieces} pieces; the context holds {CONTEXT_PIECES}"
+                FailureCode.PROMPT_TOO_LONG, f"prompt has {prompt_pieces} pieces; the context holds {self.context}"
             )
-        last_user = next((m["content"] for m in reversed(request.messages) if m["role"] == "user"), "")
+        last_user = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
         self._streams[request.request_id] = _EchoStream(
             split_pieces(last_user), prompt_pieces, request.sampling.max_tokens
         )
 
-    def abort_request(self, request_id: str) -> StepOutput | None:
+    def abort_request(self, request_id: str) -> EngineOutput | None:
         stream = self._streams.pop(request_id, None)
         if stream is None:
             return None
-        return StepOutput(request_id, finish_reason="cancelled", usage=stream.usage())
+        return EngineOutput(request_id, finish_reason=FinishReason.CANCELLED, usage=stream.usage())
 
-    def step(self) -> list[StepOutput]:
+    def step(self) -> list[EngineOutput]:
         if self.delay_s:
             # Steps keep to a fixed pace, like a model whose step takes `delay_ms`:
             # the time spent around a step is absorbed, not added on top.
             now = time.perf_counter()
             self._next_step_at = max(now, self._next_step_at) + self.delay_s
             time.sleep(self._next_step_at - now)
+        self._steps += 1
         self._announce_starts()
         outputs = []
         for request_id, stream in list(self._streams.items()):
-            if stream.sent >= len(stream.pieces):
-                finish = "stop"
-                text = ""
-            else:
+            text, finish = "", FinishReason.STOP
+            if stream.sent < len(stream.pieces):
                 text = stream.pieces[stream.sent]
                 stream.sent += 1
                 finish = None
                 if stream.sent >= len(stream.pieces):
-                    finish = "stop"
+                    finish = FinishReason.STOP
                 elif stream.sent >= stream.max_tokens:
-                    finish = "length"
+                    finish = FinishReason.LENGTH
             if finish is None:
-                outputs.append(StepOutput(request_id, text))
+                outputs.append(EngineOutput(request_id, text))
             else:
                 del self._streams[request_id]
-                outputs.append(StepOutput(request_id, text, finish_reason=finish, usage=stream.usage()))
+                outputs.append(EngineOutput(request_id, text, finish_reason=finish, usage=stream.usage()))
         return outputs
 
     def _announce_starts(self) -> None:
@@ -116,5 +107,5 @@ class EchoEngine:
     def request_ids(self) -> list[str]:
         return list(self._streams)
 
-    def load(self) -> dict[str, int | float]:
-        return {"running": len(self._streams), "waiting": 0}
+    def load(self) -> EngineLoad:
+        return EngineLoad(running=len(self._streams), steps=self._steps)

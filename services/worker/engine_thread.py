@@ -1,7 +1,7 @@
 """Runs a GenerationEngine on its own thread, so the asyncio side never waits on the model.
 
-Commands go in through a thread-safe queue; each step's outputs come back to the
-event loop through a callback scheduled with `call_soon_threadsafe`.
+Commands go in through a thread-safe queue and are applied between steps, in the order they
+were given; each step's outputs come back to the event loop through `call_soon_threadsafe`.
 """
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from services.worker.generation import (
+from services.worker.engine.types import (
+    EngineOutput,
+    EngineRequest,
+    Failure,
+    FailureCode,
     GenerationEngine,
-    GenerationRequest,
     RequestRejected,
-    StepOutput,
 )
 
 log = logging.getLogger(__name__)
@@ -24,17 +27,35 @@ log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.5  # how long an idle engine sleeps between checks for new commands
 
 
+@dataclass(frozen=True)
+class Add:
+    request: EngineRequest
+
+
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Nothing to do but look at the stop flag."""
+
+
+Command = Add | Abort | Wake
+
+
 class EngineThread:
     def __init__(
         self,
         engine: GenerationEngine,
         loop: asyncio.AbstractEventLoop,
-        on_outputs: Callable[[list[StepOutput]], None],
+        on_outputs: Callable[[list[EngineOutput]], None],
     ) -> None:
         self._engine = engine
         self._loop = loop
         self._on_outputs = on_outputs
-        self._commands: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
@@ -43,14 +64,14 @@ class EngineThread:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping.set()
-        self._commands.put(("wake", None))
+        self._commands.put(Wake())
         self._thread.join(timeout)
 
-    def add(self, request: GenerationRequest) -> None:
-        self._commands.put(("add", request))
+    def add(self, request: EngineRequest) -> None:
+        self._commands.put(Add(request))
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+        self._commands.put(Abort(request_id))
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -61,41 +82,40 @@ class EngineThread:
             if outputs:
                 self._loop.call_soon_threadsafe(self._on_outputs, outputs)
 
-    def _apply_commands(self, block: bool) -> list[StepOutput]:
-        outputs: list[StepOutput] = []
+    def _apply_commands(self, block: bool) -> list[EngineOutput]:
+        """Every queued command; an idle engine first waits (a while) for one to arrive."""
+        outputs: list[EngineOutput] = []
         try:
-            command, arg = self._commands.get(timeout=IDLE_WAIT_S) if block else self._commands.get_nowait()
+            command = self._commands.get(timeout=IDLE_WAIT_S) if block else self._commands.get_nowait()
             while True:
-                output = self._apply(command, arg)
-                if output is not None:
+                if (output := self._apply(command)) is not None:
                     outputs.append(output)
-                command, arg = self._commands.get_nowait()
+                command = self._commands.get_nowait()
         except queue.Empty:
             return outputs
 
-    def _apply(self, command: str, arg: object) -> StepOutput | None:
-        if command == "add":
-            assert isinstance(arg, GenerationRequest)
-            try:
-                self._engine.add_request(arg)
-            except RequestRejected as exc:
-                return StepOutput(arg.request_id, error_code=exc.code, error_message=exc.message)
-            return None
-        if command == "abort":
-            assert isinstance(arg, str)
-            return self._engine.abort_request(arg)
+    def _apply(self, command: Command) -> EngineOutput | None:
+        match command:
+            case Add(request):
+                try:
+                    self._engine.add_request(request)
+                except RequestRejected as exc:
+                    return EngineOutput(request.request_id, failure=exc.failure)
+            case Abort(request_id):
+                return self._engine.abort_request(request_id)
         return None
 
-    def _step(self) -> list[StepOutput]:
+    def _step(self) -> list[EngineOutput]:
         try:
             return self._engine.step()
         except Exception:  # noqa: BLE001 - an engine bug must not take the worker down
             log.exception("engine step failed; failing its running requests")
-            return self._fail_all("engine_error", "the engine failed while running this request")
+            failure = Failure(FailureCode.ENGINE_ERROR, "the engine failed while running this request")
+            return self._fail_all(failure)
 
-    def _fail_all(self, code: str, message: str) -> list[StepOutput]:
+    def _fail_all(self, failure: Failure) -> list[EngineOutput]:
         failed = []
         for request_id in self._engine.request_ids():
             self._engine.abort_request(request_id)
-            failed.append(StepOutput(request_id, error_code=code, error_message=message))
+            failed.append(EngineOutput(request_id, failure=failure))
         return failed

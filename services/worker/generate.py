@@ -10,47 +10,62 @@ import time
 
 import jinja2
 
-from services.worker.config import WorkerConfig
 from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
-from services.worker.generation import RequestRejected
+from services.worker.engine.settings import EngineSettings
+from services.worker.engine.types import RequestRejected
+from shared.models.spec import SMOLLM2, ServedModel
+from shared.settings import Settings
+
+
+class GenerateSettings(Settings, ServedModel):
+    """drivetrain generate: prompts through the engine in this process."""
+
+    model: str = SMOLLM2
+    """smollm2 | tiny | llama-1b | llama-8b | path of a Hugging Face folder"""
+    device: str = "auto"
+    """cpu | cuda | auto"""
+    engine: EngineSettings = EngineSettings()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2", help="smollm2 | tiny | llama-1b | llama-8b | a Hugging Face folder")
+    """The prompts and their sampling; the model and engine flags come from GenerateSettings."""
     parser.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for several")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
     parser.add_argument("--seed", type=int, default=None, help="seed of every prompt's draws")
     parser.add_argument("--stop", action="append", default=[], help="a stop string; repeat for several")
     parser.add_argument("--raw", action="store_true", help="send the prompt text as is, without the chat template")
     parser.add_argument("--json", action="store_true", help="one JSON object per prompt: prompt, token_ids, text")
-    parser.add_argument("--device", default="auto", help="cpu | cuda | auto")
-    parser.add_argument("--num-kv-blocks", type=int, default=0, help="KV cache blocks; 0 = size from memory")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(settings: GenerateSettings, args: argparse.Namespace) -> int:
     from services.worker.engine.llm_engine import build_llm_engine
 
-    config = WorkerConfig(model=args.model, device=args.device, num_kv_blocks=args.num_kv_blocks)
-    llm = build_llm_engine(config)
-    sampling = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-        seed=args.seed, stop=tuple(args.stop),
-    )
+    try:
+        sampling = SamplingParams(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+            top_k=args.top_k, seed=args.seed, stop=tuple(args.stop),
+        )
+        spec = settings.spec()
+    except ValueError as exc:
+        print(f"generate: {exc}", file=sys.stderr)
+        return 2
+    llm = build_llm_engine(spec, settings.engine, settings.device)
     requests: dict[str, Request] = {}
     texts: dict[str, list[str]] = {}
     errors: dict[str, str] = {}
     for index, prompt in enumerate(args.prompt):
         request_id = str(index)
-        messages = [{"role": "user", "content": prompt}]
         try:
-            ids = llm.tokenizer.encode(prompt) if args.raw else llm.tokenizer.apply_chat_template(messages)
+            turn = [{"role": "user", "content": prompt}]
+            ids = llm.tokenizer.encode(prompt) if args.raw else llm.tokenizer.apply_chat_template(turn)
             requests[request_id] = llm.add_prompt(request_id, ids, sampling)
             texts[request_id] = []
         except RequestRejected as exc:
-            errors[request_id] = f"{exc.code}: {exc.message}"
+            errors[request_id] = f"{exc.failure.code}: {exc.failure.message}"
         except (ValueError, jinja2.TemplateError) as exc:  # no chat template, or one that refuses
             errors[request_id] = f"invalid_request: {exc}"
 
@@ -58,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
     while llm.has_unfinished_requests():
         for output in llm.step():
             texts[output.request_id].append(output.text)
-            if output.error_code is not None:
-                errors[output.request_id] = f"{output.error_code}: {output.error_message}"
+            if output.failure is not None:
+                errors[output.request_id] = f"{output.failure.code}: {output.failure.message}"
     elapsed = time.perf_counter() - start
 
     for index, prompt in enumerate(args.prompt):

@@ -3,34 +3,45 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
-from services.worker.config import WorkerConfig
-from services.worker.generation import GenerationEngine
+from services.worker.engine.types import GenerationEngine
 from services.worker.service import WorkerService
+from services.worker.settings import WorkerSettings
 from shared.fleet_membership import is_alive, join_fleet, on_departure, publish_load
+from shared.health import Health, Lifecycle
 from shared.metrics import GossipCollector
 from shared.redis_client import make_cluster
 from shared.routing_map import RoutingMap
 from shared.runtime import run_until_signalled, setup_logging
 
+# What the fleet hears of a worker's load (edges will place requests by it).
+GOSSIPED_LOAD = ("running", "waiting", "kv_usage", "free_kv_blocks")
 
-def build_engine(config: WorkerConfig) -> GenerationEngine:
-    if config.model == "echo":
+
+def build_engine(settings: WorkerSettings) -> GenerationEngine:
+    spec = settings.spec()
+    if spec.is_echo:
         from services.worker.echo import EchoEngine
 
-        return EchoEngine(delay_ms=config.echo_delay_ms, crash_on=config.echo_crash_on)
+        return EchoEngine(settings.echo.delay_ms, settings.echo.crash_on, context=spec.max_model_len)
     from services.worker.engine.llm_engine import build_llm_engine
 
-    return build_llm_engine(config)
+    return build_llm_engine(spec, settings.engine, settings.device)
 
 
-async def serve_worker(config: WorkerConfig, engine: GenerationEngine) -> None:
-    redis = make_cluster(config.redis_startup_nodes())
-    membership = await join_fleet(config, config.name, "worker", {}, engine.load())
-    service = WorkerService(config, engine, RoutingMap(redis), is_alive=lambda wid: is_alive(membership, wid))
+def gossiped_load(engine: GenerationEngine) -> dict[str, int | float]:
+    load = dataclasses.asdict(engine.load())
+    return {key: load[key] for key in GOSSIPED_LOAD}
+
+
+async def serve_worker(settings: WorkerSettings, engine: GenerationEngine, health: Health) -> None:
+    redis = make_cluster(settings.redis.startup_nodes())
+    membership = await join_fleet(settings, settings.name, "worker", {}, gossiped_load(engine))
+    service = WorkerService(settings, engine, RoutingMap(redis), lambda wid: is_alive(membership, wid), health)
     service.registry.register(GossipCollector(membership))
     on_departure(membership, "edge", lambda edge_id, died: service.cancel_edge_unless_back(edge_id, membership))
-    loading = asyncio.create_task(publish_load(membership, engine.load))
+    loading = asyncio.create_task(publish_load(membership, lambda: gossiped_load(engine)))
     try:
         await service.run()
     finally:
@@ -39,7 +50,8 @@ async def serve_worker(config: WorkerConfig, engine: GenerationEngine) -> None:
         await redis.aclose()
 
 
-def main(config: WorkerConfig) -> None:
-    setup_logging(config.log_level, config.name)
-    engine = build_engine(config)
-    run_until_signalled(serve_worker(config, engine))
+def main(settings: WorkerSettings) -> None:
+    setup_logging(settings.log_level, settings.name)
+    health = Health("worker", settings.name)
+    engine = build_engine(settings)
+    run_until_signalled(serve_worker(settings, engine, health), on_signal=lambda: health.set(Lifecycle.DRAINING))

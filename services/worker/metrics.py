@@ -1,11 +1,16 @@
-"""The worker's Prometheus metrics: engine load and cache use, tokens produced, bad requests."""
+"""The worker's Prometheus metrics: the engine's load and cache use, what it did, tokens produced, bad requests."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
+from services.worker.engine.types import EngineLoad
+
+# EngineLoad field -> (metric name, help); gauges are read as they are, counters only grow.
 LOAD_GAUGES = {
     "running": ("drivetrain_worker_running_requests", "Requests the engine is computing"),
     "waiting": ("drivetrain_worker_waiting_requests", "Requests queued in the engine"),
@@ -13,12 +18,30 @@ LOAD_GAUGES = {
     "free_kv_blocks": ("drivetrain_worker_kv_free_blocks", "KV cache blocks free"),
     "prefix_hit_rate": ("drivetrain_worker_prefix_cache_hit_ratio", "Prompt tokens served from the prefix cache"),
 }
+LOAD_COUNTERS = {
+    "steps": ("drivetrain_worker_engine_steps", "Engine steps run"),
+    "preemptions": ("drivetrain_worker_preemptions", "Requests preempted for lack of KV blocks (recomputed later)"),
+    "isolated_failures": ("drivetrain_worker_isolated_failures", "Batched steps that raised and were re-run request by request"),
+}
+
+
+class EngineCollector(Collector):
+    """Reads the engine's load once per scrape."""
+
+    def __init__(self, load: Callable[[], EngineLoad]) -> None:
+        self._load = load
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        load = self._load()
+        for field, (name, help_text) in LOAD_GAUGES.items():
+            yield GaugeMetricFamily(name, help_text, value=getattr(load, field))
+        for field, (name, help_text) in LOAD_COUNTERS.items():
+            yield CounterMetricFamily(name, help_text, value=getattr(load, field))
 
 
 class WorkerMetrics:
-    def __init__(self, registry: CollectorRegistry, load: Callable[[], dict[str, int | float]]) -> None:
-        for key, (name, help_text) in LOAD_GAUGES.items():
-            Gauge(name, help_text, registry=registry).set_function(lambda key=key: load().get(key, 0))
+    def __init__(self, registry: CollectorRegistry, load: Callable[[], EngineLoad]) -> None:
+        registry.register(EngineCollector(load))
         self.requests = Counter("drivetrain_worker_requests_total", "Requests taken from Kafka", registry=registry)
         self.tokens = Counter("drivetrain_worker_tokens_total", "Tokens generated and published", registry=registry)
         self.batches = Counter("drivetrain_worker_token_batches_total", "Token messages published (one per step per edge)", registry=registry)

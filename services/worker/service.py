@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import zlib
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -28,24 +27,30 @@ from cachetools import TTLCache
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
-from services.worker.config import WorkerConfig
-from services.worker.engine.sampling_params import SamplingParams
-from services.worker.engine_thread import EngineThread
-from services.worker.generation import (
+from services.worker.convert import engine_request
+from services.worker.engine.types import (
+    EngineOutput,
+    Failure,
+    FailureCode,
+    FinishReason,
     GenerationEngine,
-    GenerationRequest,
-    StepOutput,
     Usage,
 )
+from services.worker.engine_thread import EngineThread
 from services.worker.metrics import WorkerMetrics
 from services.worker.offset_tracker import OffsetTracker
+from services.worker.settings import WorkerSettings
 from services.worker.streams import StreamRegistry
+from services.worker.token_shards import token_batches
 from shared import wire
+from shared.codes import ErrorCode
 from shared.fleet_membership import is_alive
+from shared.health import Health, Lifecycle
 from shared.kafka_clients import make_consumer, make_producer, send_dead_letter
 from shared.membership import Membership
-from shared.metrics import serve_metrics, watch_consumer_lag
+from shared.metrics import watch_consumer_lag
 from shared.routing_map import RoutingMap
+from shared.status_server import status_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -70,35 +75,36 @@ class _Revocations(ConsumerRebalanceListener):
         self._service.drop_unstarted(unstarted)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._service.announce_ready()
+        self._service.announce_serving()
 
 
 class WorkerService:
     def __init__(
         self,
-        config: WorkerConfig,
+        config: WorkerSettings,
         engine: GenerationEngine,
         routes: RoutingMap,
         is_alive: Callable[[str], bool],
+        health: Health | None = None,
     ) -> None:
         self.config = config
         self.topics = config.topics
+        self.health = health or Health("worker", config.name)
         self.offsets = OffsetTracker()
         self._engine = engine
         self._routes = routes
         self._is_alive = is_alive
         self._streams = StreamRegistry(grace_s=config.replay_retention_s)
         self._cancelled: TTLCache[str, int] = TTLCache(maxsize=100_000, ttl=CANCELLED_MEMORY_S)
-        self._outbox: asyncio.Queue[list[StepOutput]] = asyncio.Queue()
+        self._outbox: asyncio.Queue[list[EngineOutput]] = asyncio.Queue()
         self._producer: AIOKafkaProducer | None = None
         self._thread: EngineThread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._announced = False
         self.registry = CollectorRegistry()
         self.metrics = WorkerMetrics(self.registry, engine.load)
 
     async def run(self) -> None:
-        name, bootstrap = self.config.name, self.config.kafka_bootstrap
+        name, bootstrap = self.config.name, self.config.kafka.bootstrap
         producer = self._producer = make_producer(bootstrap, client_id=name)
         requests = make_consumer(bootstrap, client_id=name, group_id=f"{self.topics.prefix}-workers")
         requests.subscribe([self.topics.requests], listener=_Revocations(self))
@@ -108,17 +114,18 @@ class WorkerService:
         await requests.start()
         await control.start()
         lag = watch_consumer_lag(requests, self.registry)
-        serve_metrics(self.registry, self.config.metrics_host, self.config.metrics_port)
         self._loop = asyncio.get_running_loop()
         self._engine.start_listener = self._record_starts
         self._thread = EngineThread(self._engine, self._loop, self._outbox.put_nowait)
         self._thread.start()
+        metrics = self.config.metrics
         try:
-            async with asyncio.TaskGroup() as tasks:
+            async with status_endpoint(self.registry, self.health, metrics.host, metrics.port), asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._consume_requests(requests))
                 tasks.create_task(self._consume_control(control))
                 tasks.create_task(self._publish_outputs())
         finally:
+            self.health.set(Lifecycle.STOPPED)
             lag.cancel()
             self._thread.stop()
             for client in (requests, control):
@@ -150,22 +157,21 @@ class WorkerService:
             return None  # delivered twice after a rebalance: ours already
         if self._cancelled.pop(chat.request_id, None) is not None:
             self._streams.open(chat.request_id, chat.edge_id)
-            self._outbox.put_nowait([StepOutput(chat.request_id, finish_reason="cancelled", usage=Usage(0, 0, 0))])
+            self._outbox.put_nowait([EngineOutput(chat.request_id, finish_reason=FinishReason.CANCELLED, usage=Usage(0, 0, 0))])
             return None
         if owner is not None and owner != self.config.name:
             if not self._is_alive(owner):
                 await self._quarantine(chat, owner)
             return None
-        stream = self._streams.open(chat.request_id, chat.edge_id)
-        sampling = SamplingParams(max_tokens=chat.max_tokens, temperature=chat.temperature, top_p=chat.top_p, seed=chat.seed)
+        self._streams.open(chat.request_id, chat.edge_id)
         try:
-            sampling.validate()
-        except ValueError as exc:
-            self._outbox.put_nowait([StepOutput(stream.request_id, error_code="invalid_request", error_message=str(exc))])
+            request = engine_request(chat)
+        except ValueError as exc:  # the wire schema holds the same limits: only a skewed peer gets here
+            failure = Failure(FailureCode.INVALID_REQUEST, str(exc))
+            self._outbox.put_nowait([EngineOutput(chat.request_id, failure=failure)])
             return None
-        messages = [{"role": m.role, "content": m.content} for m in chat.messages]
         self.metrics.requests.inc()
-        self._thread.add(GenerationRequest(chat.request_id, chat.tenant, messages, sampling))
+        self._thread.add(request)
         return chat.request_id
 
     async def _owners(self, request_ids: list[str]) -> dict[str, str]:
@@ -182,14 +188,14 @@ class WorkerService:
         self.metrics.quarantined.inc()
         log.warning("quarantining %s: worker %s died while running it", chat.request_id, owner)
         message = "a worker died while running this request; it is not run again"
-        error = wire.Error(chat.request_id, wire.OUT_OF_BAND, "request_quarantined", message, False)
+        error = wire.Error.of(chat.request_id, ErrorCode.REQUEST_QUARANTINED, message)
         await self._send(chat.edge_id, [error], {})
 
-    def announce_ready(self) -> None:
-        """Ready once the group has given this worker its share of the partitions."""
-        if not self._announced:
-            self._announced = True
-            log.info("worker %s ready (model %s)", self.config.name, self.config.model)
+    def announce_serving(self) -> None:
+        """Serving once the group has given this worker its share of the partitions."""
+        if self.health.state is Lifecycle.STARTING:
+            log.info("worker %s serving (model %s)", self.config.name, self.config.model)
+        self.health.set(Lifecycle.SERVING)
 
     def drop_unstarted(self, request_ids: list[str]) -> None:
         """Requests of partitions taken away before they started: their new owner runs them."""
@@ -263,7 +269,7 @@ class WorkerService:
         events = stream.replay_from(resume.from_seq)
         if events is None:
             message = f"last_seq {resume.from_seq - 1} is beyond the {stream.next_seq} events sent"
-            events = [wire.Error(resume.request_id, wire.OUT_OF_BAND, "resume_refused", message, False)]
+            events = [wire.Error.of(resume.request_id, ErrorCode.RESUME_REFUSED, message)]
         await self._send(stream.edge_id, events, {resume.request_id: stream.epoch})
 
     # Tokens out ---------------------------------------------------------------------------
@@ -288,15 +294,10 @@ class WorkerService:
                 await self._send(edge_id, events, epochs[edge_id])
 
     async def _send(self, edge_id: str, events: list[wire.Event], epochs: dict[str, int], wait: bool = False) -> None:
-        """One message per (edge, shard): a request's events always share a shard, so they stay
-        in order, while one busy edge's traffic still spreads over several routers."""
-        shards: dict[int, list[wire.Event]] = defaultdict(list)
-        for event in events:
-            shards[zlib.crc32(event.request_id.encode()) % self.config.token_shards].append(event)
-        for shard, part in shards.items():
-            part_epochs = {rid: e for rid, e in epochs.items() if any(ev.request_id == rid for ev in part)}
-            batch = wire.TokenBatch(edge_id, self.config.name, part, sent_at=time.time(), epochs=part_epochs)
-            delivery = await self._producer.send(self.topics.tokens, wire.encode(batch), key=f"{edge_id}#{shard}".encode())
+        """One message per (edge, shard); see token_shards.py."""
+        batches = token_batches(edge_id, self.config.name, events, epochs, self.config.token_shards, time.time())
+        for key, batch in batches:
+            delivery = await self._producer.send(self.topics.tokens, wire.encode(batch), key=key)
             if wait:
                 await delivery
             else:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from cachetools import TTLCache
 
-from services.worker.generation import StepOutput
+from services.worker.convert import wire_events
+from services.worker.engine.types import EngineOutput
 from shared import wire
 
 
@@ -22,18 +23,10 @@ class Stream:
     next_seq: int = 0
     log: list[wire.Event] = field(default_factory=list)
 
-    def events_for(self, output: StepOutput) -> list[wire.Event]:
-        """The output as seq-numbered events: its text as a token, then its ending if it ended."""
-        events: list[wire.Event] = []
-        if output.text:
-            events.append(wire.Token(self.request_id, self.next_seq, output.text))
-            self.next_seq += 1
-        if output.error_code is not None:
-            events.append(wire.Error(self.request_id, self.next_seq, output.error_code, output.error_message, False))
-        elif output.finish_reason is not None:
-            u = output.usage
-            usage = wire.Usage(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
-            events.append(wire.Done(self.request_id, self.next_seq, output.finish_reason, usage))
+    def events_for(self, output: EngineOutput) -> list[wire.Event]:
+        """The output as the next seq-numbered events, kept for a replay."""
+        events = wire_events(output, self.next_seq)
+        self.next_seq += sum(isinstance(e, wire.Token) for e in events)
         self.log.extend(events)
         return events
 

@@ -1,6 +1,7 @@
 """`drivetrain infra up|down|status`: start, stop and inspect the local Kafka and Redis.
 
-`ensure_up` is the same `up` for Python callers (the test suite's session fixture).
+`ensure_up` is the same `up` for Python callers (the test suite's session fixture), and
+`create_topics` / `fresh_topics` give a fleet its topics.
 """
 
 from __future__ import annotations
@@ -10,11 +11,18 @@ import logging
 import shutil
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from shared.infra import InfraError, MissingPrerequisite, kafka, redis_cluster
-from shared.infra.config import InfraConfig, kafka_bootstrap, load_config
+from shared.infra import kafka, redis_cluster
+from shared.infra.errors import InfraError, MissingPrerequisite
+from shared.infra.process import run_sync
+from shared.infra.settings import InfraSettings
+from shared.infra.topics import ensure_topics
+from shared.settings import SettingsError, from_arguments
+from shared.settings import add_arguments as add_settings_arguments
+from shared.topics import TopicLayout
 
 COMPONENTS = ("kafka", "redis")
 Report = Callable[[str], None]
@@ -28,18 +36,18 @@ def _quiet(_: str) -> None:
     pass
 
 
-def _kafka_up(cfg: InfraConfig, report: Report) -> None:
+def _kafka_up(cfg: InfraSettings, report: Report) -> None:
     current = kafka.up(cfg, report)
     missing = current.missing_topics(cfg)
     if not current.answering or missing:
         raise InfraError(f"Kafka came up without topics {missing}")
 
 
-def _redis_up(cfg: InfraConfig, report: Report) -> None:
+def _redis_up(cfg: InfraSettings, report: Report) -> None:
     redis_cluster.up(cfg, report)
 
 
-def up(cfg: InfraConfig, only: tuple[str, ...] = COMPONENTS, report: Report = _print) -> None:
+def up(cfg: InfraSettings, only: tuple[str, ...] = COMPONENTS, report: Report = _print) -> None:
     """Bring the chosen components up, side by side, and raise if any did not make it."""
     steps = {"kafka": _kafka_up, "redis": _redis_up}
     # The broker's JVM start and the cluster's replica sync both wait on their own
@@ -58,18 +66,38 @@ def up(cfg: InfraConfig, only: tuple[str, ...] = COMPONENTS, report: Report = _p
         raise (MissingPrerequisite if missing else InfraError)(message)
 
 
-def ensure_up(cfg: InfraConfig | None = None, report: Report = _quiet) -> None:
+def ensure_up(cfg: InfraSettings | None = None, report: Report = _quiet) -> InfraSettings:
     """Start what is not running and return once Kafka and Redis are ready; raise if not."""
-    up(cfg or load_config(), COMPONENTS, report)
+    cfg = cfg or InfraSettings()
+    up(cfg, COMPONENTS, report)
+    return cfg
 
 
-def down(cfg: InfraConfig, only: tuple[str, ...], purge: bool, report: Report = _print) -> None:
+def create_topics(cfg: InfraSettings, layout: TopicLayout) -> None:
+    """The layout's topics on the broker, created or grown as needed (idempotent)."""
+
+    async def create() -> None:
+        async with kafka.open_admin(cfg) as admin:
+            await ensure_topics(admin, layout.partitions())
+
+    run_sync(create)
+
+
+def fresh_topics(tag: str, partitions: int = 4) -> TopicLayout:
+    """Topics of their own, created now: a fleet on them shares no consumer group, no
+    gossip cluster and no message with any other (tests and benchmarks use this)."""
+    layout = TopicLayout(prefix=f"{tag}-{uuid.uuid4().hex[:8]}", requests_partitions=partitions, tokens_partitions=partitions)
+    create_topics(ensure_up(), layout)
+    return layout
+
+
+def down(cfg: InfraSettings, only: tuple[str, ...], purge: bool, report: Report = _print) -> None:
     if "kafka" in only:
         if not kafka.stop_broker(cfg, report):
             report("kafka: not running")
             if kafka.answers(cfg):
                 report(f"kafka: WARNING a broker not started from {cfg.infra_dir} "
-                       f"still answers on {kafka_bootstrap(cfg)}")  # fmt: skip
+                       f"still answers on {cfg.kafka_bootstrap}")  # fmt: skip
         if purge:
             # Data, properties, pid and logs go; the jars under infra_dir/jars stay.
             shutil.rmtree(cfg.kafka_dir, ignore_errors=True)
@@ -82,7 +110,7 @@ def down(cfg: InfraConfig, only: tuple[str, ...], purge: bool, report: Report = 
             report(f"redis: removed {cfg.redis_dir}")
 
 
-def status_lines(cfg: InfraConfig, only: tuple[str, ...]) -> tuple[bool, list[str]]:
+def status_lines(cfg: InfraSettings, only: tuple[str, ...]) -> tuple[bool, list[str]]:
     """One line per component, and whether all of them are up."""
     all_up, lines = True, []
     if "kafka" in only:
@@ -97,7 +125,7 @@ def status_lines(cfg: InfraConfig, only: tuple[str, ...]) -> tuple[bool, list[st
         topics = f"topics missing: {missing}" if missing else f"{len(k.topics)} topics"
         detail = topics if k.answering else ("starting or stuck" if k.pid else "not running")
         lines.append(
-            f"kafka  {'up' if is_up else 'DOWN':4}  {kafka_bootstrap(cfg)} (controller "
+            f"kafka  {'up' if is_up else 'DOWN':4}  {cfg.kafka_bootstrap} (controller "
             f"{cfg.kafka_host}:{cfg.kafka_controller_port})  {pid}  {detail}  "
             f"log {cfg.kafka_log_file}"
         )
@@ -113,32 +141,32 @@ def status_lines(cfg: InfraConfig, only: tuple[str, ...]) -> tuple[bool, list[st
     return all_up, lines
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="drivetrain infra",
-        description="Local Kafka (KRaft, from Maven jars) and Redis Cluster, no Docker.",
-    )
-    sub = parser.add_subparsers(dest="action", required=True)
-    only = argparse.ArgumentParser(add_help=False)
-    only.add_argument("--only", choices=COMPONENTS, help="act on one component")
-    sub.add_parser("up", parents=[only], help="start, create topics, wait until ready")
-    down_parser = sub.add_parser("down", parents=[only], help="stop Kafka and Redis")
-    down_parser.add_argument(
-        "--purge", action="store_true", help="also delete their data (keeps the jars)"
-    )
-    sub.add_parser("status", parents=[only], help="up/down per component; exit 0 if all up")
-    return parser
+ACTIONS = {
+    "up": "start, create topics, wait until ready",
+    "down": "stop Kafka and Redis",
+    "status": "up/down per component; exit 0 if all up",
+}
 
 
-def main(argv: list[str]) -> int:
-    """Entry point of `drivetrain infra ...`; returns the process exit status."""
-    args = _parser().parse_args(argv)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The actions, each with `--only` and every infrastructure setting as a flag."""
+    actions = parser.add_subparsers(dest="action", required=True)
+    for name, help_text in ACTIONS.items():
+        action = actions.add_parser(name, help=help_text, description=InfraSettings.__doc__)
+        action.add_argument("--only", choices=COMPONENTS, help="act on one component")
+        if name == "down":
+            action.add_argument("--purge", action="store_true", help="also delete their data (keeps the jars)")
+        action.set_defaults(infra_settings=add_settings_arguments(action, InfraSettings))
+
+
+def run(args: argparse.Namespace) -> int:
+    """`drivetrain infra ACTION`, from parsed arguments; returns the process exit status."""
     # The CLI prints its own, clearer errors; aiokafka's connection retries are noise.
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
-        cfg = load_config()
-    except ValueError as exc:
-        print(f"infra: bad configuration: {exc}", file=sys.stderr)
+        cfg = from_arguments(InfraSettings, args.infra_settings, args)
+    except SettingsError as exc:
+        print(f"infra: {exc}", file=sys.stderr)
         return 2
     only = (args.only,) if args.only else COMPONENTS
     started = time.monotonic()
@@ -161,6 +189,12 @@ def main(argv: list[str]) -> int:
     except InfraError as exc:
         print(f"infra: {exc}", file=sys.stderr)
         return 1
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="drivetrain infra", description=InfraSettings.__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -23,15 +23,16 @@ from pathlib import Path
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from shared.infra import InfraError, MissingPrerequisite, log_tail, port_open, run_sync
-from shared.infra.config import COMPOSE_LOCAL_DIR, InfraConfig, kafka_bootstrap
+from shared.infra.errors import InfraError, MissingPrerequisite
+from shared.infra.process import log_tail, port_open, run_sync
+from shared.infra.settings import COMPOSE_LOCAL_DIR, InfraSettings
 from shared.infra.topics import TopicPlan, describe_partitions, prepare_broker
 
 Report = Callable[[str], None]
 MAIN_CLASS = "kafka.Kafka"
 
 
-def jars_cached(cfg: InfraConfig) -> bool:
+def jars_cached(cfg: InfraSettings) -> bool:
     return any(cfg.kafka_lib_dir.glob("kafka_2.13-*.jar"))
 
 
@@ -48,7 +49,7 @@ def find_java() -> str:
     return java
 
 
-def fetch_jars(cfg: InfraConfig, report: Report) -> float:
+def fetch_jars(cfg: InfraSettings, report: Report) -> float:
     """Copy Kafka and its runtime dependencies from Maven Central; returns seconds taken."""
     mvn = shutil.which("mvn")
     if mvn is None:
@@ -85,7 +86,7 @@ def fetch_jars(cfg: InfraConfig, report: Report) -> float:
     return elapsed
 
 
-def server_properties(cfg: InfraConfig) -> str:
+def server_properties(cfg: InfraSettings) -> str:
     """The broker's configuration, from the template beside the POM."""
     template = string.Template((COMPOSE_LOCAL_DIR / "kafka-server.properties").read_text())
     return template.substitute(
@@ -106,7 +107,7 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
-def _java_command(cfg: InfraConfig, java: str, main: str, *args: str) -> list[str]:
+def _java_command(cfg: InfraSettings, java: str, main: str, *args: str) -> list[str]:
     return [
         java, f"-Xms{cfg.kafka_heap}", f"-Xmx{cfg.kafka_heap}",
         "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError",
@@ -116,7 +117,7 @@ def _java_command(cfg: InfraConfig, java: str, main: str, *args: str) -> list[st
     ]  # fmt: skip
 
 
-def format_storage(cfg: InfraConfig, java: str, report: Report) -> None:
+def format_storage(cfg: InfraSettings, java: str, report: Report) -> None:
     """Format the KRaft log directory once; a formatted one is left as it is."""
     if (cfg.kafka_data_dir / "meta.properties").exists():
         return
@@ -142,7 +143,7 @@ def _is_broker(pid: int) -> bool:
     return state not in ("Z", "X") and MAIN_CLASS.encode() in cmdline.split(b"\0")
 
 
-def broker_pid(cfg: InfraConfig) -> int | None:
+def broker_pid(cfg: InfraSettings) -> int | None:
     """Pid of the broker this infra dir started, if it is still running."""
     try:
         pid = int(cfg.kafka_pid_file.read_text().strip())
@@ -151,7 +152,7 @@ def broker_pid(cfg: InfraConfig) -> int | None:
     return pid if _is_broker(pid) else None
 
 
-def start_broker(cfg: InfraConfig, java: str) -> int:
+def start_broker(cfg: InfraSettings, java: str) -> int:
     """Start the broker in its own session, not as our child, and write its pid file."""
     log = cfg.kafka_log_file
     if log.exists():
@@ -183,7 +184,7 @@ def _signal_and_wait(pid: int, signum: signal.Signals, timeout_s: float) -> bool
     return True
 
 
-def stop_broker(cfg: InfraConfig, report: Report) -> bool:
+def stop_broker(cfg: InfraSettings, report: Report) -> bool:
     """SIGTERM, wait for a clean shutdown, SIGKILL if it takes too long. False if none ran."""
     pid = broker_pid(cfg)
     if pid is None:
@@ -199,11 +200,11 @@ def stop_broker(cfg: InfraConfig, report: Report) -> bool:
 
 @contextlib.asynccontextmanager
 async def open_admin(
-    cfg: InfraConfig, timeout_s: float = 5.0
+    cfg: InfraSettings, timeout_s: float = 5.0
 ) -> AsyncIterator[AIOKafkaAdminClient]:
     """An admin client whose start and requests give up after `timeout_s`."""
     admin = AIOKafkaAdminClient(
-        bootstrap_servers=kafka_bootstrap(cfg), request_timeout_ms=int(timeout_s * 1000)
+        bootstrap_servers=cfg.kafka_bootstrap, request_timeout_ms=int(timeout_s * 1000)
     )
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
@@ -212,20 +213,20 @@ async def open_admin(
         await admin.close()
 
 
-async def _probe(cfg: InfraConfig, timeout_s: float, with_topics: bool) -> dict[str, int] | None:
+async def _probe(cfg: InfraSettings, timeout_s: float, with_topics: bool) -> dict[str, int] | None:
     try:
         async with open_admin(cfg, timeout_s) as admin:
             await asyncio.wait_for(admin.describe_cluster(), timeout_s)
             if not with_topics:
                 return {}
-            names = list(cfg.topic_layout.partitions())
+            names = list(cfg.topics.partitions())
             return await asyncio.wait_for(describe_partitions(admin, names), timeout_s)
     except (TimeoutError, KafkaError, OSError):
         return None
 
 
 def probe(
-    cfg: InfraConfig, with_topics: bool = False, timeout_s: float = 3.0
+    cfg: InfraSettings, with_topics: bool = False, timeout_s: float = 3.0
 ) -> dict[str, int] | None:
     """None unless a metadata request succeeds (a closed port is ruled out cheaply
     first); otherwise the project topics' partition counts, if asked for."""
@@ -234,12 +235,12 @@ def probe(
     return run_sync(lambda: _probe(cfg, timeout_s, with_topics))
 
 
-def answers(cfg: InfraConfig) -> bool:
+def answers(cfg: InfraSettings) -> bool:
     """Ready means a metadata request succeeds."""
     return probe(cfg) is not None
 
 
-def wait_ready(cfg: InfraConfig, pid: int | None) -> float:
+def wait_ready(cfg: InfraSettings, pid: int | None) -> float:
     """Wait until the broker answers; fail early, with its log, if the JVM exits."""
     started = time.monotonic()
     deadline = started + cfg.kafka_ready_timeout_s
@@ -251,19 +252,19 @@ def wait_ready(cfg: InfraConfig, pid: int | None) -> float:
             )
         if time.monotonic() > deadline:
             raise InfraError(
-                f"Kafka did not answer on {kafka_bootstrap(cfg)} within "
+                f"Kafka did not answer on {cfg.kafka_bootstrap} within "
                 f"{cfg.kafka_ready_timeout_s:.0f} s; see {cfg.kafka_log_file}"
             )
         time.sleep(0.25)
     return time.monotonic() - started
 
 
-def prepare_topics(cfg: InfraConfig) -> TopicPlan:
+def prepare_topics(cfg: InfraSettings) -> TopicPlan:
     """Create or grow the project topics and make the group coordinator ready."""
 
     async def prepare() -> TopicPlan:
         async with open_admin(cfg) as admin:
-            return await prepare_broker(admin, cfg.topic_layout.partitions())
+            return await prepare_broker(admin, cfg.topics.partitions())
 
     return run_sync(prepare)
 
@@ -274,17 +275,17 @@ class KafkaStatus:
     answering: bool  # a metadata request succeeded
     topics: dict[str, int] = field(default_factory=dict)  # project topic -> partitions
 
-    def missing_topics(self, cfg: InfraConfig) -> list[str]:
-        wanted = cfg.topic_layout.partitions()
+    def missing_topics(self, cfg: InfraSettings) -> list[str]:
+        wanted = cfg.topics.partitions()
         return [name for name, n in wanted.items() if self.topics.get(name, 0) < n]
 
 
-def status(cfg: InfraConfig) -> KafkaStatus:
+def status(cfg: InfraSettings) -> KafkaStatus:
     topics = probe(cfg, with_topics=True)
     return KafkaStatus(pid=broker_pid(cfg), answering=topics is not None, topics=topics or {})
 
 
-def up(cfg: InfraConfig, report: Report) -> KafkaStatus:
+def up(cfg: InfraSettings, report: Report) -> KafkaStatus:
     """Idempotent: fetch, format and start only what is missing, then wait until ready."""
     pid = broker_pid(cfg)
     if pid is None and answers(cfg):
@@ -302,7 +303,7 @@ def up(cfg: InfraConfig, report: Report) -> KafkaStatus:
         pid = start_broker(cfg, java)
         report(f"kafka: started broker (pid {pid}), log {cfg.kafka_log_file}")
         waited = wait_ready(cfg, pid)
-        report(f"kafka: ready on {kafka_bootstrap(cfg)} after {waited:.1f} s")
+        report(f"kafka: ready on {cfg.kafka_bootstrap} after {waited:.1f} s")
     else:
         wait_ready(cfg, pid)
     plan = prepare_topics(cfg)

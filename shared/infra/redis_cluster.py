@@ -20,8 +20,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from shared.infra import InfraError, MissingPrerequisite, log_tail
-from shared.infra.config import InfraConfig
+from shared.infra.errors import InfraError, MissingPrerequisite
+from shared.infra.process import log_tail
+from shared.infra.settings import InfraSettings
 
 Report = Callable[[str], None]
 INSTALL_HINT = "apt-get update && apt-get install -y redis-server"
@@ -58,7 +59,7 @@ def find_redis(report: Report) -> tuple[str, str]:
     return server, cli
 
 
-def _client(cfg: InfraConfig, port: int) -> redis.Redis:
+def _client(cfg: InfraSettings, port: int) -> redis.Redis:
     # No retries: a refused connection must answer "down" at once, not after
     # redis-py's default backoff (seconds per node).
     return redis.Redis(
@@ -86,7 +87,7 @@ class NodeStatus:
     slot_replicas: int = 0
 
 
-def node_status(cfg: InfraConfig, port: int) -> NodeStatus:
+def node_status(cfg: InfraSettings, port: int) -> NodeStatus:
     try:
         with _client(cfg, port) as client:
             cluster = _parse_info(client.execute_command("CLUSTER", "INFO"))
@@ -151,13 +152,13 @@ class RedisStatus:
         )
 
 
-def status(cfg: InfraConfig) -> RedisStatus:
+def status(cfg: InfraSettings) -> RedisStatus:
     masters = len(cfg.redis_ports) // (cfg.redis_replicas + 1)
     nodes = [node_status(cfg, p) for p in cfg.redis_ports]
     return RedisStatus(nodes, expected_masters=masters, replicas_per_master=cfg.redis_replicas)
 
 
-def start_node(cfg: InfraConfig, port: int, server: str) -> None:
+def start_node(cfg: InfraSettings, port: int, server: str) -> None:
     node_dir = cfg.redis_node_dir(port)
     node_dir.mkdir(parents=True, exist_ok=True)
     command = [
@@ -178,7 +179,7 @@ def start_node(cfg: InfraConfig, port: int, server: str) -> None:
         raise InfraError(f"redis-server on port {port} failed to start: {done.stderr.strip()}")
 
 
-def _wait_running(cfg: InfraConfig, ports: list[int], timeout_s: float = 10.0) -> None:
+def _wait_running(cfg: InfraSettings, ports: list[int], timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     pending = list(ports)
     while pending:
@@ -193,7 +194,7 @@ def _wait_running(cfg: InfraConfig, ports: list[int], timeout_s: float = 10.0) -
         time.sleep(0.05)
 
 
-def create_cluster(cfg: InfraConfig, cli: str, report: Report) -> None:
+def create_cluster(cfg: InfraSettings, cli: str, report: Report) -> None:
     addresses = [f"{cfg.redis_host}:{p}" for p in cfg.redis_ports]
     report(f"redis: forming the cluster ({cfg.redis_replicas} replica per master)")
     command = [cli, "--cluster", "create", *addresses,
@@ -206,7 +207,7 @@ def create_cluster(cfg: InfraConfig, cli: str, report: Report) -> None:
         raise InfraError(f"redis-cli --cluster create failed:\n{done.stdout[-2000:]}{done.stderr}")
 
 
-def wait_ready(cfg: InfraConfig) -> RedisStatus:
+def wait_ready(cfg: InfraSettings) -> RedisStatus:
     deadline = time.monotonic() + cfg.redis_ready_timeout_s
     while not (current := status(cfg)).ready:
         if time.monotonic() > deadline:
@@ -230,7 +231,7 @@ def describe(current: RedisStatus) -> str:
     return text + (f", nodes down: {down}" if down else "")
 
 
-def up(cfg: InfraConfig, report: Report) -> RedisStatus:
+def up(cfg: InfraSettings, report: Report) -> RedisStatus:
     """Idempotent: start missing nodes, form the cluster if blank, wait until ready."""
     current = status(cfg)
     if current.ready:
@@ -257,7 +258,7 @@ def up(cfg: InfraConfig, report: Report) -> RedisStatus:
     return ready
 
 
-def _kill_from_pidfile(cfg: InfraConfig, port: int) -> None:
+def _kill_from_pidfile(cfg: InfraSettings, port: int) -> None:
     try:
         pid = int((cfg.redis_node_dir(port) / "redis.pid").read_text().strip())
     except (OSError, ValueError):
@@ -266,7 +267,7 @@ def _kill_from_pidfile(cfg: InfraConfig, port: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _shutdown_node(cfg: InfraConfig, port: int) -> None:
+def _shutdown_node(cfg: InfraSettings, port: int) -> None:
     try:
         with _client(cfg, port) as client:
             # NOW: do not wait for lagging replicas; NOSAVE: nothing here is kept.
@@ -281,7 +282,7 @@ def _shutdown_node(cfg: InfraConfig, port: int) -> None:
         time.sleep(0.05)
 
 
-def down(cfg: InfraConfig, report: Report) -> list[int]:
+def down(cfg: InfraSettings, report: Report) -> list[int]:
     """Shut every running node down; replicas first, so no failover starts meanwhile."""
     current = status(cfg)
     running = [n for n in current.nodes if n.running]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.errors import KafkaError
 
-from shared.infra import InfraError
+from shared.infra.errors import InfraError
 
 UNKNOWN_TOPIC_OR_PARTITION = 3
 TOPIC_ALREADY_EXISTS = 36

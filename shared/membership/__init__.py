@@ -5,7 +5,6 @@ runs whole clusters in virtual time.
 """
 
 from shared.membership.codec import Drop
-from shared.membership.config import PROFILES, MembershipConfig, profile
 from shared.membership.member import (
     Address,
     MemberEvent,
@@ -16,12 +15,13 @@ from shared.membership.member import (
 from shared.membership.memory import FaultModel, InMemoryNetwork, InMemoryTransport
 from shared.membership.node import Node, Outgoing
 from shared.membership.query import members_json, members_table, query_members
+from shared.membership.settings import LAN, MembershipSettings
 from shared.membership.shell import Membership
 from shared.membership.simulation import Simulation
 from shared.membership.transport import Transport, UdpTransport
 
 __all__ = [
-    "PROFILES",
+    "LAN",
     "Address",
     "Drop",
     "FaultModel",
@@ -30,7 +30,7 @@ __all__ = [
     "MemberEvent",
     "MemberView",
     "Membership",
-    "MembershipConfig",
+    "MembershipSettings",
     "Node",
     "Outgoing",
     "Simulation",
@@ -39,7 +39,6 @@ __all__ = [
     "UdpTransport",
     "members_json",
     "members_table",
-    "profile",
     "query_members",
     "supersedes",
 ]

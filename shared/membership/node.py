@@ -12,7 +12,6 @@ import msgspec
 from shared.membership.awareness import Awareness
 from shared.membership.broadcast import BroadcastQueue
 from shared.membership.codec import Codec, Drop
-from shared.membership.config import MembershipConfig
 from shared.membership.member import GONE, Address, MemberEvent, MemberState, MemberView
 from shared.membership.messages import (
     PIGGYBACKING,
@@ -32,6 +31,7 @@ from shared.membership.messages import (
 )
 from shared.membership.probe import Prober
 from shared.membership.replay import ReplayGuard
+from shared.membership.settings import MembershipSettings
 from shared.membership.sync import AntiEntropy
 from shared.membership.table import MemberTable
 from shared.membership.timing import retransmit_limit
@@ -53,7 +53,7 @@ class Node:
     """One member. `now` is seconds on a clock the cluster shares (wall time, or virtual time in a simulation)."""
 
     def __init__(
-        self, config: MembershipConfig, member_id: str, role: str, address: Address, *,
+        self, config: MembershipSettings, member_id: str, role: str, address: Address, *,
         addresses: dict[str, str] | None = None, load: dict[str, int | float] | None = None,
         pid: int = 0, rng: random.Random | None = None, now: float = 0.0,
     ) -> None:

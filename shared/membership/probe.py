@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shared.membership.awareness import Awareness
-from shared.membership.config import MembershipConfig
 from shared.membership.member import GONE, Address, MemberState, Status
 from shared.membership.messages import Ack, Body, Nack, Ping, PingReq, Suspect, encode
+from shared.membership.settings import MembershipSettings
 from shared.membership.table import MemberTable
 
 NACK_FRACTION = 0.8
@@ -70,7 +70,7 @@ class Prober:
     """Runs SWIM's failure detector for one node; verdicts go to the table, health to awareness."""
 
     def __init__(
-        self, config: MembershipConfig, table: MemberTable, awareness: Awareness, rng: random.Random,
+        self, config: MembershipSettings, table: MemberTable, awareness: Awareness, rng: random.Random,
         send: Send, now: float,
     ) -> None:
         self.config = config

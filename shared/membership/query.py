@@ -11,7 +11,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from shared.membership.codec import Codec
-from shared.membership.config import MembershipConfig
 from shared.membership.member import Address, MemberView
 from shared.membership.messages import (
     MembersRequest,
@@ -19,11 +18,12 @@ from shared.membership.messages import (
     StateRecord,
     decode_record,
 )
+from shared.membership.settings import MembershipSettings
 from shared.membership.transport import UdpTransport
 
 
 async def query_members(
-    address: Address, config: MembershipConfig, timeout: float = 2.0, attempts: int = 3
+    address: Address, config: MembershipSettings, timeout: float = 2.0, attempts: int = 3
 ) -> list[dict[str, Any]]:
     """The members a node at `address` knows, as dicts sorted by (role, id). Raises TimeoutError."""
     codec = Codec(config.cluster_name, config.secret_bytes)

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Self
 
-from shared.membership.config import MembershipConfig
 from shared.membership.member import GONE, Address, MemberEvent, MemberView, Status
 from shared.membership.node import Node, Outgoing
+from shared.membership.settings import MembershipSettings
 from shared.membership.transport import Transport, TransportFactory, UdpTransport
 
 log = logging.getLogger(__name__)
@@ -29,13 +29,13 @@ class Membership:
     """One process's membership: start(seeds) / stop(), set_load / set_addresses, members / alive, events."""
 
     def __init__(
-        self, config: MembershipConfig, member_id: str, role: str,
+        self, config: MembershipSettings, member_id: str, role: str,
         addresses: dict[str, str] | None = None, load: dict[str, int | float] | None = None, *,
         transport_factory: TransportFactory | None = None, clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
     ) -> None:
         if not config.secret:
-            raise ValueError("membership needs a shared secret (MembershipConfig.secret)")
+            raise ValueError("membership needs a shared secret (MembershipSettings.secret)")
         self.config = config
         self.id = member_id
         self.role = role
@@ -62,9 +62,9 @@ class Membership:
         """
         if self._task is not None:
             raise RuntimeError("membership already started")
-        self._transport = await self._factory(self.config.bind_host, self.config.bind_port, self._on_datagram)
-        bound_host, port = self._transport.address
-        advertised = (self.config.advertise_host or bound_host, port)
+        self._transport = await self._factory(self.config.host, self.config.port, self._on_datagram)
+        _, port = self._transport.address
+        advertised = (self.config.advertised_host, port)
         # Others send to what we advertise on every packet; a name would cost a lookup each time.
         resolved = await resolve_addresses([advertised], self.config.join_timeout)
         address = resolved[0] if resolved else advertised

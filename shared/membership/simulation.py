@@ -7,10 +7,10 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from shared.membership.config import MembershipConfig
 from shared.membership.member import Address, Status
 from shared.membership.memory import FaultModel
 from shared.membership.node import Node, Outgoing
+from shared.membership.settings import MembershipSettings
 
 _TICK, _PACKET, _STOP = 0, 1, 2
 # Deadlines are never scheduled closer than this, so a node cannot spin at one instant.
@@ -32,7 +32,7 @@ class Simulation:
     """Deterministic for a given seed: every random choice comes from generators derived from it."""
 
     def __init__(
-        self, config: MembershipConfig, seed: int = 0, loss: float = 0.0, delay: tuple[float, float] = (0.0005, 0.002)
+        self, config: MembershipSettings, seed: int = 0, loss: float = 0.0, delay: tuple[float, float] = (0.0005, 0.002)
     ) -> None:
         self.config = config
         self.rng = random.Random(seed)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from shared.membership.config import MembershipConfig
 from shared.membership.member import Address, Status
+from shared.membership.settings import MembershipSettings
 from shared.membership.table import MemberTable
 from shared.membership.timing import push_pull_interval
 
@@ -15,7 +15,7 @@ class AntiEntropy:
     """Decides when, and with whom, to swap full state; `push(address)` sends ours with a request for theirs."""
 
     def __init__(
-        self, config: MembershipConfig, table: MemberTable, rng: random.Random, push: Callable[[Address], None],
+        self, config: MembershipSettings, table: MemberTable, rng: random.Random, push: Callable[[Address], None],
         now: float,
     ) -> None:
         self.config = config

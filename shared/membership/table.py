@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterator
 
 from shared.membership.awareness import Awareness
 from shared.membership.broadcast import BroadcastQueue
-from shared.membership.config import MembershipConfig
 from shared.membership.member import GONE, MemberEvent, MemberState, Status, supersedes
 from shared.membership.messages import (
     Alive,
@@ -19,6 +18,7 @@ from shared.membership.messages import (
     Update,
     encode,
 )
+from shared.membership.settings import MembershipSettings
 from shared.membership.suspicion import Suspicion
 from shared.membership.timing import expected_confirmations, suspicion_bounds
 
@@ -27,7 +27,7 @@ class MemberTable:
     """Every update that changes the table is queued for re-gossip and recorded as an event."""
 
     def __init__(
-        self, me: MemberState, config: MembershipConfig, awareness: Awareness, broadcasts: BroadcastQueue
+        self, me: MemberState, config: MembershipSettings, awareness: Awareness, broadcasts: BroadcastQueue
     ) -> None:
         self.me = me
         self.config = config

@@ -1,23 +1,30 @@
-"""Fault tests kill real processes, so each test gets a fleet, and topics, of its own."""
+"""Fault tests kill real processes, so each test gets a fleet, and topics, of its own; and
+the helpers every fault test streams with."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from shared.launcher import Fleet
+from services.launcher.fleet import Fleet
+from shared.chat_client import ChatResult, ChatSocket
+from shared.infra.command import fresh_topics
 from shared.topics import TopicLayout
-from tests.fleet_fixtures import fleet_logs, infra, new_topics, start_fleet  # noqa: F401
+from tests.conftest import start_fleet
+
+WORDS = 150
+TEXT = " ".join(f"w{i}" for i in range(WORDS))
 
 
 @pytest.fixture
-def topics(infra) -> TopicLayout:  # noqa: F811
-    return new_topics(infra)
+def topics(infra) -> TopicLayout:
+    return fresh_topics("test")
 
 
 @pytest.fixture
-def make_fleet(topics, fleet_logs) -> Iterator[Callable[..., Fleet]]:  # noqa: F811
+def make_fleet(topics, fleet_logs) -> Iterator[Callable[..., Fleet]]:
     fleets: list[Fleet] = []
 
     def make(**spec: object) -> Fleet:
@@ -28,3 +35,25 @@ def make_fleet(topics, fleet_logs) -> Iterator[Callable[..., Fleet]]:  # noqa: F
     yield make
     for fleet in fleets:
         fleet.stop()
+
+
+async def start_streams(url: str, count: int, words: int = WORDS) -> tuple[list[ChatSocket], list[dict]]:
+    """`count` chats, one socket each, all of them streaming (a few tokens in) on return."""
+    text = " ".join(f"w{i}" for i in range(words))
+    sockets = [await ChatSocket.open(url) for _ in range(count)]
+    for sock in sockets:
+        await sock.chat("c", text, max_tokens=words)
+    accepted = [await sock.next_frame("c") for sock in sockets]
+    return sockets, accepted
+
+
+async def finish(sockets: list[ChatSocket], timeout: float = 60.0) -> list[ChatResult]:
+    try:
+        return await asyncio.gather(*(sock.collect("c", timeout=timeout) for sock in sockets))
+    finally:
+        await asyncio.gather(*(sock.close() for sock in sockets), return_exceptions=True)
+
+
+def intact(result: ChatResult, text: str = TEXT) -> bool:
+    seqs = [f["seq"] for f in result.tokens]
+    return result.final["type"] == "done" and result.text == text and seqs == list(range(len(seqs)))

@@ -7,32 +7,8 @@ import time
 
 from shared import wire
 from shared.chat_client import ChatSocket
-from tests.integration.kafka_tap import KafkaTap
-
-WORDS = 150
-TEXT = " ".join(f"w{i}" for i in range(WORDS))
-
-
-async def start_streams(url: str, count: int, words: int = WORDS) -> tuple[list[ChatSocket], list[dict]]:
-    """`count` chats, one socket each, all of them streaming (a few tokens in) on return."""
-    text = " ".join(f"w{i}" for i in range(words))
-    sockets = [await ChatSocket.open(url) for _ in range(count)]
-    for sock in sockets:
-        await sock.chat("c", text, max_tokens=words)
-    accepted = [await sock.next_frame("c") for sock in sockets]
-    return sockets, accepted
-
-
-async def finish(sockets: list[ChatSocket], timeout: float = 60.0):
-    try:
-        return await asyncio.gather(*(sock.collect("c", timeout=timeout) for sock in sockets))
-    finally:
-        await asyncio.gather(*(sock.close() for sock in sockets), return_exceptions=True)
-
-
-def intact(result, text: str = TEXT) -> bool:
-    seqs = [f["seq"] for f in result.tokens]
-    return result.final["type"] == "done" and result.text == text and seqs == list(range(len(seqs)))
+from tests.conftest import KafkaTap
+from tests.fault.conftest import TEXT, finish, intact, start_streams
 
 
 async def test_worker_killed_mid_stream_fails_its_streams_within_two_seconds(make_fleet):
@@ -82,7 +58,7 @@ async def test_edge_killed_its_requests_are_cancelled_on_the_workers(make_fleet,
 
 async def test_poison_request_is_quarantined_not_rerun(make_fleet, infra, topics):
     poison = "POISON PILL"
-    fleet = make_fleet(edges=1, routers=1, workers=2, echo_delay_ms=20, worker_args=("--echo-crash-on", poison))
+    fleet = make_fleet(edges=1, routers=1, workers=2, echo_delay_ms=20, worker_args=("--echo.crash-on", poison))
     async with KafkaTap(infra, topics.tokens, topics.tokens_partitions) as tap:
         sock = await ChatSocket.open(fleet.spec.chat_url(0))
         try:

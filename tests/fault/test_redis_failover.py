@@ -10,8 +10,8 @@ import time
 import redis
 
 from shared.chat_client import ChatSocket
-from shared.infra import ensure_up
-from tests.fault.test_process_kills import finish, intact, start_streams
+from shared.infra.command import ensure_up
+from tests.fault.conftest import finish, intact, start_streams
 
 FAILOVER_TIMEOUT_S = 20.0
 

@@ -6,12 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.launcher import Fleet
-from tests.fleet_fixtures import RESUME_GRACE_S, fleet_logs, infra, start_fleet, topics  # noqa: F401
+from services.launcher.fleet import Fleet
+from tests.conftest import start_fleet
 
 
 @pytest.fixture(scope="module")
-def echo_fleet(topics, fleet_logs) -> Iterator[Fleet]:  # noqa: F811
+def echo_fleet(topics, fleet_logs) -> Iterator[Fleet]:
     """Two edges, two routers, two workers serving the echo model at a steady pace."""
     fleet = start_fleet(topics, fleet_logs, edges=2, routers=2, workers=2, model="echo", echo_delay_ms=5)
     yield fleet

@@ -8,11 +8,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from websockets.exceptions import InvalidStatus
 
-from services.worker.echo import CONTEXT_PIECES
 from shared import wire
 from shared.chat_client import ChatSocket
-from shared.infra import kafka_bootstrap
-from tests.integration.kafka_tap import KafkaTap
+from shared.models.echo import CONTEXT_PIECES
+from tests.conftest import KafkaTap
 
 
 async def still_serves(sock: ChatSocket, chat_id: str = "after") -> None:
@@ -103,7 +102,7 @@ async def test_prompt_too_long_never_reaches_kafka(echo_fleet, topics, infra):
 
 async def test_malformed_request_goes_to_dead_letter_and_workers_go_on(echo_fleet, topics, infra):
     async with KafkaTap(infra, topics.dead_letter, topics.dead_letter_partitions) as tap:
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap(infra))
+        producer = AIOKafkaProducer(bootstrap_servers=infra.kafka_bootstrap)
         await producer.start()
         try:
             await producer.send_and_wait(topics.requests, b"\x93not a request", key=b"poison")

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from playwright.async_api import async_playwright, expect
 
-from shared.launcher import Fleet
-from tests.fleet_fixtures import start_fleet
+from services.launcher.fleet import Fleet
+from tests.conftest import start_fleet
 
 CHROMIUM = os.environ.get("DRIVETRAIN_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -306,7 +306,7 @@ async def test_dropped_socket_fails_the_reply_then_reconnects_and_retries(chat, 
     await expect(reply.locator(".error-text")).to_contain_text("disconnected")
     await expect(chat.page.locator("#connection")).not_to_have_attribute("data-state", "open")
 
-    await asyncio.to_thread(page_fleet.start_edge, 0)
+    await asyncio.to_thread(page_fleet.start_child, page_fleet.spec.edge(0))
     await asyncio.to_thread(page_fleet.wait_ready, 60)
     await expect(chat.page.locator("#connection")).to_have_attribute("data-state", "open", timeout=STREAM_TIMEOUT_MS)
     await reply.get_by_role("button", name="Retry").click()

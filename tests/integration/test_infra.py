@@ -17,22 +17,18 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-from shared.infra import (
-    InfraConfig,
-    ensure_up,
-    kafka_bootstrap,
-    redis_startup_nodes,
-)
+from shared.infra.command import ensure_up
 from shared.infra.command import main as infra_main
-from shared.infra.config import load_config
 from shared.infra.redis_cluster import status as redis_status
+from shared.infra.settings import InfraSettings
 from shared.infra.topics import describe_partitions, ensure_topics, plan_topics
+from shared.settings import SettingsError, load
 from shared.topics import TopicLayout
 
 
 @pytest.fixture
-async def admin(infra: InfraConfig) -> AsyncIterator[AIOKafkaAdminClient]:
-    client = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap(infra))
+async def admin(infra: InfraSettings) -> AsyncIterator[AIOKafkaAdminClient]:
+    client = AIOKafkaAdminClient(bootstrap_servers=infra.kafka_bootstrap)
     await client.start()
     try:
         yield client
@@ -51,17 +47,17 @@ async def scratch_topic(admin: AIOKafkaAdminClient) -> AsyncIterator[str]:
         await admin.delete_topics([name])
 
 
-def test_status_says_all_up(infra: InfraConfig, capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_says_all_up(infra: InfraSettings, capsys: pytest.CaptureFixture[str]) -> None:
     assert infra_main(["status"]) == 0
     out = capsys.readouterr().out
-    assert "kafka  up" in out and kafka_bootstrap(infra) in out
+    assert "kafka  up" in out and infra.kafka_bootstrap in out
     assert "redis  up" in out
 
 
 async def test_project_topics_have_the_layout_partition_counts(
-    infra: InfraConfig, admin: AIOKafkaAdminClient
+    infra: InfraSettings, admin: AIOKafkaAdminClient
 ) -> None:
-    wanted = infra.topic_layout.partitions()
+    wanted = infra.topics.partitions()
     assert len(wanted) == 4
     assert await describe_partitions(admin, list(wanted)) == wanted
 
@@ -82,15 +78,15 @@ async def test_ensure_topics_creates_then_grows_then_leaves_alone(
         await admin.delete_topics([name])
 
 
-def test_redis_cluster_has_three_masters_with_linked_replicas(infra: InfraConfig) -> None:
+def test_redis_cluster_has_three_masters_with_linked_replicas(infra: InfraSettings) -> None:
     current = redis_status(infra)
     assert current.ready
     assert (current.masters, current.replicas, current.replicas_linked) == (3, 3, 3)
     assert all(node.cluster_state == "ok" for node in current.nodes)
 
 
-async def test_redis_cluster_set_get_through_redis_py(infra: InfraConfig) -> None:
-    nodes = [ClusterNode(host, port) for host, port in redis_startup_nodes(infra)]
+async def test_redis_cluster_set_get_through_redis_py(infra: InfraSettings) -> None:
+    nodes = [ClusterNode(host, port) for host, port in infra.redis_startup_nodes()]
     client = RedisCluster(startup_nodes=nodes, decode_responses=True)
     try:
         await asyncio.wait_for(client.initialize(), 10)
@@ -107,9 +103,9 @@ async def test_redis_cluster_set_get_through_redis_py(infra: InfraConfig) -> Non
 
 
 async def test_kafka_round_trip_with_idempotent_producer_and_manual_commit(
-    infra: InfraConfig, scratch_topic: str
+    infra: InfraSettings, scratch_topic: str
 ) -> None:
-    bootstrap = kafka_bootstrap(infra)
+    bootstrap = infra.kafka_bootstrap
     sent = [f"message-{i}".encode() for i in range(50)]
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
     await producer.start()
@@ -146,7 +142,7 @@ async def test_kafka_round_trip_with_idempotent_producer_and_manual_commit(
     assert first_group_s < 10, f"first consumer group took {first_group_s:.1f} s"
 
 
-def test_second_ensure_up_is_fast(infra: InfraConfig) -> None:
+def test_second_ensure_up_is_fast(infra: InfraSettings) -> None:
     started = time.monotonic()
     ensure_up(infra)
     assert time.monotonic() - started < 5.0
@@ -166,19 +162,23 @@ def test_plan_topics_creates_grows_and_refuses_to_shrink() -> None:
     assert plan_topics({"a": 4}, {"a": 4}).is_empty
 
 
-def test_load_config_reads_drivetrain_overrides(tmp_path: Path) -> None:
-    cfg = load_config({
+def test_settings_read_drivetrain_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {
         "DRIVETRAIN_INFRA_DIR": str(tmp_path),
         "DRIVETRAIN_KAFKA_PORT": "19092",
         "DRIVETRAIN_KAFKA_READY_TIMEOUT_S": "12.5",
         "DRIVETRAIN_REDIS_PORTS": "8000-8005",
-        "DRIVETRAIN_REQUESTS_PARTITIONS": "16",
-        "DRIVETRAIN_TOPIC_PREFIX": "trial",
-    })  # fmt: skip
+        "DRIVETRAIN_TOPICS_REQUESTS_PARTITIONS": "16",
+        "DRIVETRAIN_TOPICS_PREFIX": "trial",
+    }.items():
+        monkeypatch.setenv(name, value)
+    cfg = InfraSettings()
     assert cfg.infra_dir == tmp_path.resolve()
-    assert kafka_bootstrap(cfg) == "127.0.0.1:19092"
+    assert cfg.kafka_bootstrap == "127.0.0.1:19092"
     assert cfg.kafka_ready_timeout_s == 12.5
-    assert redis_startup_nodes(cfg)[0] == ("127.0.0.1", 8000) and len(cfg.redis_ports) == 6
-    assert cfg.topic_layout == TopicLayout(prefix="trial", requests_partitions=16)
-    with pytest.raises(ValueError, match="3 masters"):
-        load_config({"DRIVETRAIN_REDIS_PORTS": "8000,8001,8002"})
+    assert cfg.redis_startup_nodes()[0] == ("127.0.0.1", 8000) and len(cfg.redis_ports) == 6
+    assert cfg.topics == TopicLayout(prefix="trial", requests_partitions=16)
+    # The same settings as flags, which win over the environment.
+    assert load(InfraSettings, ["--kafka-port", "19093", "--redis-ports", "9000,9001,9002,9003,9004,9005"]).kafka_port == 19093
+    with pytest.raises(SettingsError, match="3 masters"):
+        load(InfraSettings, ["--redis-ports", "8000,8001,8002"])

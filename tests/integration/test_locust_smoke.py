@@ -15,7 +15,7 @@ from pathlib import Path
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
-from services.worker.echo import split_pieces
+from shared.models.echo import split_pieces
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"

@@ -15,13 +15,15 @@ import pytest
 from openai import AsyncOpenAI
 from starlette.applications import Starlette
 
-from services.edge.config import EdgeConfig
 from services.edge.connection import Connection
 from services.edge.openai_api import openai_routes
-from services.edge.protocol import ChatFrame, ProtocolError
-from services.worker.echo import CONTEXT_PIECES
+from services.edge.openai_schema import refusal_error
+from services.edge.protocol import AcceptedFrame, ChatFrame, ProtocolError
+from services.edge.settings import EdgeSettings
 from shared import wire
-from tests.integration.kafka_tap import KafkaTap
+from shared.codes import ErrorCode, FinishReason
+from shared.models.echo import CONTEXT_PIECES
+from tests.conftest import KafkaTap
 
 HELLO = "Hello there, streaming world!"  # four echo pieces
 USER = [{"role": "user", "content": HELLO}]
@@ -216,7 +218,7 @@ class ScriptedService:
     """Stands in for EdgeService: refuses with `refusal`, or delivers `script(request_id)` to the chat."""
 
     def __init__(self, refusal: ProtocolError | None = None, script=lambda rid: []) -> None:
-        self.config = EdgeConfig(model="echo")
+        self.config = EdgeSettings(model="echo")
         self._refusal = refusal
         self._script = script
         self.closed_unfinished: list[list[str]] = []
@@ -236,7 +238,7 @@ class ScriptedService:
         if self._refusal is not None:
             raise self._refusal
         conn.open_chat(frame.id, "r1")
-        conn.send({"type": "accepted", "id": frame.id, "request_id": "r1"})
+        conn.send(AcceptedFrame(frame.id, "r1", "resume-token"))
         for event in self._script("r1"):
             conn.deliver(event)
 
@@ -250,10 +252,10 @@ def scripted_client(service: ScriptedService) -> httpx2.AsyncClient:
 @pytest.mark.parametrize(
     "refusal, status, code",
     [
-        (ProtocolError("too_many_chats", "at most 64", "c", True), 429, "too_many_chats"),
-        (ProtocolError("unavailable", "retry", "c", True), 503, "unavailable"),
-        (ProtocolError("slow_down", "a newer refusal", "c", True), 429, "slow_down"),
-        (ProtocolError("prompt_too_long", "too long", "c"), 400, "context_length_exceeded"),
+        (ProtocolError(ErrorCode.TOO_MANY_CHATS, "at most 64", "c"), 429, "too_many_chats"),
+        (ProtocolError(ErrorCode.UNAVAILABLE, "retry", "c"), 503, "unavailable"),
+        (ProtocolError(ErrorCode.ENGINE_ERROR, "a refusal with no status of its own", "c"), 500, "engine_error"),
+        (ProtocolError(ErrorCode.PROMPT_TOO_LONG, "too long", "c"), 400, "context_length_exceeded"),
     ],
 )
 async def test_admission_refusals_map_to_http_status(refusal, status, code):
@@ -266,8 +268,14 @@ async def test_admission_refusals_map_to_http_status(refusal, status, code):
     assert service.refusals == [(refusal.code, "t")]  # and the refusal is counted for its tenant
 
 
+def test_every_retryable_code_asks_the_client_to_come_back_later():
+    for code in ErrorCode:
+        error = refusal_error(code, "x")
+        assert (error.status in (429, 503) and error.retry_after == 1) == code.retryable, code
+
+
 async def test_worker_error_before_any_token_is_an_http_status():
-    service = ScriptedService(script=lambda rid: [wire.Error(rid, 0, "worker_lost", "worker died", True)])
+    service = ScriptedService(script=lambda rid: [wire.Error(rid, 0, ErrorCode.WORKER_LOST, "worker died", True)])
     async with scripted_client(service) as http:
         response = await http.post("/chat/completions", json=body(stream=True))
     assert_openai_error(response, 503, "worker_lost")
@@ -275,7 +283,7 @@ async def test_worker_error_before_any_token_is_an_http_status():
 
 async def test_worker_error_mid_stream_is_an_sse_error_event_without_done():
     def script(rid: str) -> list[wire.Event]:
-        return [wire.Token(rid, 0, "Hel"), wire.Error(rid, 1, "worker_lost", "worker died", True)]
+        return [wire.Token(rid, 0, "Hel"), wire.Error(rid, 1, ErrorCode.WORKER_LOST, "worker died", True)]
 
     async with scripted_client(ScriptedService(script=script)) as http:
         response = await http.post("/chat/completions", json=body(stream=True))
@@ -294,7 +302,7 @@ async def test_cancelled_finish_reads_as_stop():
     usage = wire.Usage(prompt_tokens=4, cached_tokens=1, completion_tokens=1)
 
     def script(rid: str) -> list[wire.Event]:
-        return [wire.Token(rid, 0, "Hel"), wire.Done(rid, 1, "cancelled", usage)]
+        return [wire.Token(rid, 0, "Hel"), wire.Done(rid, 1, FinishReason.CANCELLED, usage)]
 
     async with scripted_client(ScriptedService(script=script)) as http:
         response = await http.post("/chat/completions", json=body())

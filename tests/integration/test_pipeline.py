@@ -8,8 +8,7 @@ import time
 
 from shared import wire
 from shared.chat_client import ChatSocket
-from tests.fleet_fixtures import RESUME_GRACE_S
-from tests.integration.kafka_tap import KafkaTap
+from tests.conftest import RESUME_GRACE_S, KafkaTap
 
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()
 

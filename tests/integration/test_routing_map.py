@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from shared.infra import redis_startup_nodes
 from shared.redis_client import make_cluster
 from shared.routing_map import Route, RoutingMap
 
 
 async def test_a_burst_of_routes_is_written_in_few_pipelines_and_read_back(infra):
-    redis = make_cluster(redis_startup_nodes(infra))
+    redis = make_cluster(infra.redis_startup_nodes())
     pipelines = 0
     open_pipeline = redis.pipeline
 

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 from openai import AsyncOpenAI
 
+from services.launcher.fleet import Fleet
 from shared.chat_client import ChatSocket
-from shared.launcher import Fleet
-from tests.fleet_fixtures import start_fleet
+from tests.conftest import start_fleet
 
 QUESTION = "What is the capital of France?"
 

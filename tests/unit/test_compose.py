@@ -1,19 +1,20 @@
 """The compose stack cannot run here, so check that it agrees with the code's config."""
 
-import dataclasses
 from pathlib import Path
 
 import yaml
 
-from services.edge.config import EdgeConfig
-from services.router.config import RouterConfig
-from services.worker.config import WorkerConfig
-from shared.config import PROFILES, env_name, parse_address
+from services.edge.settings import EdgeSettings
+from services.router.settings import RouterSettings
+from services.worker.settings import WorkerSettings
+from shared.addresses import parse_address
+from shared.service_settings import ServiceSettings
+from shared.settings import setting_docs
 from shared.topics import TopicLayout
 
 COMPOSE = yaml.safe_load((Path(__file__).parents[2] / "compose" / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
-ROLES = {"edge": EdgeConfig, "router": RouterConfig, "worker": WorkerConfig}
+ROLES = {"edge": EdgeSettings, "router": RouterSettings, "worker": WorkerSettings}
 
 
 def drivetrain_services():
@@ -27,18 +28,18 @@ def test_every_role_is_in_the_stack():
     assert {cls for _, _, cls in drivetrain_services()} == set(ROLES.values())
 
 
-def test_environment_names_real_config_fields():
+def test_environment_names_real_settings():
     for name, service, cls in drivetrain_services():
-        known = {env_name(f.name) for f in dataclasses.fields(cls)}
+        known = {doc.env for doc in setting_docs(cls)}
         unknown = set(service["environment"]) - known
-        assert not unknown, f"{name} sets variables no config field reads: {unknown}"
+        assert not unknown, f"{name} sets variables no setting reads: {unknown}"
 
 
 def test_compose_profile_points_at_stack_services():
-    profile = PROFILES["compose"]
-    host, port = parse_address(profile["kafka_bootstrap"])
+    profile = ServiceSettings(profile="compose")
+    host, port = parse_address(profile.kafka.bootstrap)
     assert host in SERVICES and f"PLAINTEXT://{host}:{port}" in SERVICES[host]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
-    for node in profile["redis_nodes"].split(","):
+    for node in profile.redis.nodes.split(","):
         host, port = parse_address(node)
         assert host in SERVICES and f"--port {port}" in " ".join(SERVICES[host]["command"])
 
@@ -48,7 +49,7 @@ def test_edge_ports_and_router_peers_agree():
     port = int(edge["environment"]["DRIVETRAIN_PORT"])
     internal = int(edge["environment"]["DRIVETRAIN_INTERNAL_PORT"])
     assert f"{port}:{port}" in edge["ports"]
-    peers = RouterConfig(edges=SERVICES["router"]["environment"]["DRIVETRAIN_EDGES"]).edge_addresses()
+    peers = RouterSettings(edges=SERVICES["router"]["environment"]["DRIVETRAIN_EDGES"]).edge_addresses()
     assert peers == {"edge-0": ("edge-0", internal)}
 
 
@@ -63,3 +64,11 @@ def test_topics_created_match_the_layout():
 def test_workers_reserve_a_gpu():
     devices = SERVICES["worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"]
+
+
+def test_every_service_is_health_checked_on_its_own_endpoint():
+    for name, service, cls in drivetrain_services():
+        env = service["environment"]
+        port = env.get("DRIVETRAIN_PORT") if cls is EdgeSettings else env.get("DRIVETRAIN_METRICS_PORT")
+        assert port, f"{name} serves no /healthz"
+        assert service["healthcheck"]["test"][-1] == f"http://127.0.0.1:{port}/healthz", name

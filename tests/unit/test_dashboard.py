@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry
 
 from services.edge.metrics import EdgeMetrics
 from services.router.metrics import RouterMetrics
-from services.worker.metrics import LOAD_GAUGES, WorkerMetrics
+from services.worker.engine.types import EngineLoad
+from services.worker.metrics import WorkerMetrics
 from shared.metrics import GossipCollector, watch_consumer_lag
 
 COMPOSE_DIR = Path(__file__).parents[2] / "compose"
@@ -50,6 +51,8 @@ class _NoMembers:
     def drops(self) -> dict:
         return {}
 
+    events_dropped = 0
+
 
 class _NoAssignment:
     """Stands in for an AIOKafkaConsumer: the lag task is cancelled before it reads one."""
@@ -74,7 +77,7 @@ def _lag_registry() -> CollectorRegistry:
 def service_registries() -> dict[str, CollectorRegistry]:
     edge, worker, router, gossip = (CollectorRegistry() for _ in range(4))
     EdgeMetrics(edge)
-    WorkerMetrics(worker, lambda: {key: 0 for key in LOAD_GAUGES})
+    WorkerMetrics(worker, EngineLoad)
     RouterMetrics(router)
     gossip.register(GossipCollector(_NoMembers()))  # type: ignore[arg-type]
     return {"edge": edge, "worker": worker, "router": router, "gossip": gossip, "lag": _lag_registry()}

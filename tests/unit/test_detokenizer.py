@@ -3,8 +3,8 @@
 import pytest
 
 from services.worker.engine.detokenizer import IncrementalDetokenizer
-from services.worker.engine.tokenizer import Tokenizer
-from services.worker.engine.weights import smollm2_folder
+from shared.models.smollm2 import smollm2_folder
+from shared.models.tokenizer import Tokenizer
 
 MIXED = "Grüße 😀👍🏽 日本語のテキスト — naïve café ✓ and 中文 too.\nNext line: 🎉"
 

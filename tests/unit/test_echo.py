@@ -2,9 +2,10 @@
 
 import pytest
 
-from services.worker.echo import CONTEXT_PIECES, EchoEngine, split_pieces
+from services.worker.echo import EchoEngine
 from services.worker.engine.sampling_params import SamplingParams
-from services.worker.generation import GenerationRequest, RequestRejected
+from services.worker.engine.types import EngineRequest, Message, RequestRejected
+from shared.models.echo import CONTEXT_PIECES, split_pieces
 
 
 @pytest.mark.parametrize(
@@ -24,7 +25,7 @@ def test_split_pieces(text, pieces):
 
 
 def request(text, max_tokens=256, rid="r1"):
-    return GenerationRequest(rid, "t", [{"role": "user", "content": text}], SamplingParams(max_tokens=max_tokens))
+    return EngineRequest(rid, "t", [Message("user", text)], SamplingParams(max_tokens=max_tokens))
 
 
 def run(engine):
@@ -64,7 +65,7 @@ def test_abort_frees_and_reports_cancelled():
 def test_prompt_longer_than_context_is_rejected():
     with pytest.raises(RequestRejected) as info:
         EchoEngine().add_request(request("w " * (CONTEXT_PIECES + 1)))
-    assert info.value.code == "prompt_too_long"
+    assert info.value.failure.code == "prompt_too_long"
 
 
 def test_starts_are_announced_once_before_the_first_piece():

@@ -13,15 +13,17 @@ import random
 import pytest
 import torch
 
-from services.worker.engine.config import SHAPES
 from services.worker.engine.cuda_graphs import graph_batch_sizes
-from services.worker.engine.engine import Engine, EngineConfig, RequestUpdate
+from services.worker.engine.engine import Engine, RequestUpdate, resolve
 from services.worker.engine.model import LlamaModel
 from services.worker.engine.model_runner import ModelRunner, mix_seed, prepare_inputs
-from services.worker.engine.request import Request
+from services.worker.engine.request import Request, RequestStatus
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduler import ScheduledChunk, SchedulerOutput
+from services.worker.engine.settings import EngineSettings
 from services.worker.engine.weights import load_model
+from shared.models.shapes import SHAPES
+from shared.models.spec import context_length, resolve_model
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 
@@ -63,7 +65,7 @@ def test_tiny_fixture_output_depends_on_early_context(tiny: LlamaModel) -> None:
 
 @pytest.fixture(scope="module")
 def smollm2():
-    return load_model("smollm2", "cpu", torch.float32)
+    return load_model(resolve_model("smollm2"), "cpu", torch.float32)
 
 
 def dense_greedy(model: LlamaModel, prompt: list[int], max_tokens: int, eos: tuple[int, ...] = ()) -> list[int]:
@@ -99,11 +101,11 @@ LENGTHS = [1, 5, 16, 17, 31, 48, 70, 90]
 MAX_TOKENS = [6, 1, 9, 4, 12, 7, 3, 10]
 SCENARIOS = {
     # a budget of 24 tokens a step: the longer prompts are computed a chunk at a time
-    "chunked": (EngineConfig(max_batch_tokens=24, num_kv_blocks=128), 0),
+    "chunked": (EngineSettings(max_batch_tokens=24, num_kv_blocks=128), 0),
     # 40 shared tokens = 2 full blocks + 8: later prompts hit the first two blocks
-    "prefix": (EngineConfig(max_batch_tokens=64, num_kv_blocks=128), 40),
+    "prefix": (EngineSettings(max_batch_tokens=64, num_kv_blocks=128), 40),
     # 13 usable blocks cannot hold all eight requests: the newest are preempted and recomputed
-    "preempt": (EngineConfig(max_batch_tokens=48, num_kv_blocks=14, max_num_seqs=8), 0),
+    "preempt": (EngineSettings(max_batch_tokens=48, num_kv_blocks=14, max_num_seqs=8), 0),
 }
 
 
@@ -153,9 +155,9 @@ def test_tiny_engine_greedy_equals_dense_loop(tiny: LlamaModel, scenario: str) -
 
 
 def test_stock_tiny_shape_equals_dense_loop() -> None:
-    model = load_model("tiny", "cpu", torch.float32)[0]
+    model = load_model(resolve_model("tiny"), "cpu", torch.float32)[0]
     prompts = random_prompts(8, [9, 33, 50])
-    engine = Engine(model, EngineConfig(max_batch_tokens=20, num_kv_blocks=7), eos_token_ids=())
+    engine = Engine(model, EngineSettings(max_batch_tokens=20, num_kv_blocks=7), eos_token_ids=())
     requests = [Request(str(i), p, SamplingParams(max_tokens=5, temperature=0.0)) for i, p in enumerate(prompts)]
     run_all(engine, requests)
     assert engine.scheduler.num_preemptions > 0
@@ -169,32 +171,24 @@ def test_smollm2_engine_greedy_equals_dense_loop(smollm2) -> None:
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}]) for q in questions]
     eos = model.config.eos_token_ids
     # A budget of 16 tokens splits every chat prompt; the shared template opening is a cache hit.
-    engine = Engine(model, EngineConfig(max_batch_tokens=16, num_kv_blocks=32))
+    engine = Engine(model, EngineSettings(max_batch_tokens=16, num_kv_blocks=32))
     requests = [Request(str(i), p, SamplingParams(max_tokens=5, temperature=0.0)) for i, p in enumerate(prompts)]
     run_all(engine, requests)
     for request, prompt in zip(requests, prompts):
         assert request.output_token_ids == dense_greedy(model, prompt, 5, eos)
 
 
-class FaultyRunner(ModelRunner):
-    """Raises whenever a step includes the request named `bad`, as a corrupt input would."""
-
-    def run(self, out: SchedulerOutput) -> dict[str, int]:
-        if any(chunk.request_id == "bad" for chunk in out.chunks):
-            raise RuntimeError("injected fault")
-        return super().run(out)
-
-
-def test_a_request_that_raises_fails_alone(tiny: LlamaModel) -> None:
+def test_a_request_that_raises_fails_alone(tiny: LlamaModel, faulty_runner: type[ModelRunner]) -> None:
     prompts = random_prompts(2, [7, 20, 33])
-    engine = Engine(tiny, EngineConfig(max_batch_tokens=64, num_kv_blocks=64), eos_token_ids=(), runner_cls=FaultyRunner)
+    settings = EngineSettings(max_batch_tokens=64, num_kv_blocks=64)
+    engine = Engine(tiny, settings, eos_token_ids=(), runner_cls=faulty_runner)
     good = [Request(f"g{i}", p, SamplingParams(max_tokens=6, temperature=0.0)) for i, p in enumerate(prompts)]
     bad = Request("bad", random_prompts(3, [12])[0], SamplingParams(max_tokens=6, temperature=0.0))
     updates = run_all(engine, [good[0], bad, good[1], good[2]])
 
     failed = [u for u in updates if u.error is not None]
-    assert [u.request_id for u in failed] == ["bad"] and failed[0].finish_reason == "error"
-    assert bad.status.finish_reason == "error" and bad.num_output_tokens == 0
+    assert [u.request_id for u in failed] == ["bad"] and failed[0].finish_reason is None
+    assert bad.status is RequestStatus.FINISHED_ERROR and bad.num_output_tokens == 0
     assert engine.num_isolated_failures >= 1
     for request, prompt in zip(good, prompts):
         assert request.output_token_ids == dense_greedy(tiny, prompt, 6)
@@ -202,7 +196,7 @@ def test_a_request_that_raises_fails_alone(tiny: LlamaModel) -> None:
     assert pool.num_free_blocks == pool.num_usable_blocks
 
 
-def run_seeded(model: LlamaModel, config: EngineConfig, target: list[int], others: list[list[int]]) -> Request:
+def run_seeded(model: LlamaModel, config: EngineSettings, target: list[int], others: list[list[int]]) -> Request:
     seeded = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=1234)
     engine = Engine(model, config, eos_token_ids=())
     request = Request("target", target, seeded)
@@ -214,15 +208,15 @@ def run_seeded(model: LlamaModel, config: EngineConfig, target: list[int], other
 
 def test_seeded_sampling_repeats_across_runs_and_batches(tiny: LlamaModel) -> None:
     target, *others = random_prompts(4, [21, 9, 40, 3, 64])
-    roomy = EngineConfig(max_batch_tokens=64, num_kv_blocks=128)
+    roomy = EngineSettings(max_batch_tokens=64, num_kv_blocks=128)
     alone = run_seeded(tiny, roomy, target, []).output_token_ids
     assert len(set(alone)) > 6  # really sampled, not one token over and over
     assert run_seeded(tiny, roomy, target, []).output_token_ids == alone
     assert run_seeded(tiny, roomy, target, others).output_token_ids == alone
-    chunked = EngineConfig(max_batch_tokens=16, num_kv_blocks=128)
+    chunked = EngineSettings(max_batch_tokens=16, num_kv_blocks=128)
     assert run_seeded(tiny, chunked, target, others[:2]).output_token_ids == alone
     # Even a preempted and recomputed request draws the same tokens.
-    preempted = run_seeded(tiny, EngineConfig(max_batch_tokens=64, num_kv_blocks=8), target, others[:3])
+    preempted = run_seeded(tiny, EngineSettings(max_batch_tokens=64, num_kv_blocks=8), target, others[:3])
     assert preempted.num_preemptions > 0 and preempted.output_token_ids == alone
     other_seed = Request("x", target, SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=1235))
     run_all(Engine(tiny, roomy, eos_token_ids=()), [other_seed])
@@ -234,19 +228,19 @@ def test_eos_and_max_model_len_stop_a_request(tiny: LlamaModel) -> None:
     first = dense_greedy(tiny, prompt, 10)
     # Declare EOS the first greedy token that is new after the first one: the request stops there.
     end = next(i for i, t in enumerate(first) if i > 0 and t not in first[:i])
-    engine = Engine(tiny, EngineConfig(num_kv_blocks=64), eos_token_ids=(first[end],))
+    engine = Engine(tiny, EngineSettings(num_kv_blocks=64), eos_token_ids=(first[end],))
     request = Request("a", prompt, SamplingParams(max_tokens=10, temperature=0.0))
     updates = run_all(engine, [request])
     assert request.output_token_ids == first[: end + 1] and updates[-1].finish_reason == "stop"
     # 30 prompt tokens and max_model_len 32: two tokens, then "length" despite max_tokens 10.
-    engine = Engine(tiny, EngineConfig(num_kv_blocks=64, max_model_len=32), eos_token_ids=())
+    engine = Engine(tiny, EngineSettings(num_kv_blocks=64), max_model_len=32, eos_token_ids=())
     request = Request("b", prompt, SamplingParams(max_tokens=10, temperature=0.0))
     updates = run_all(engine, [request])
     assert request.output_token_ids == first[:2] and updates[-1].finish_reason == "length"
 
 
 def test_abort_frees_blocks_at_once(tiny: LlamaModel) -> None:
-    engine = Engine(tiny, EngineConfig(num_kv_blocks=32), eos_token_ids=())
+    engine = Engine(tiny, EngineSettings(num_kv_blocks=32), eos_token_ids=())
     pool = engine.kv_cache_manager.block_pool
     a, b = (Request(n, p, GREEDY) for n, p in zip("ab", random_prompts(6, [40, 20])))
     engine.add_request(a)
@@ -263,7 +257,7 @@ def test_abort_frees_blocks_at_once(tiny: LlamaModel) -> None:
 
 def test_padding_rows_write_nothing_and_leave_real_rows_unchanged(tiny: LlamaModel) -> None:
     """What a CUDA graph replay relies on: padded decode rows (slot -1, null block, context 1)."""
-    runner = ModelRunner(tiny, EngineConfig(num_kv_blocks=16).resolve(tiny.config, torch.device("cpu"))[1])
+    runner = ModelRunner(tiny, resolve(EngineSettings(num_kv_blocks=16), context_length(tiny.config), torch.device("cpu"))[1])
     prompt = random_prompts(7, [19])[0]
     prefill = SchedulerOutput([ScheduledChunk("a", prompt, 0, [3, 5], True, GREEDY)])
     token = runner.run(prefill)["a"]
@@ -293,7 +287,7 @@ def test_cuda_graph_replay_equals_eager_and_dense(tiny: LlamaModel) -> None:
     max_tokens = [9, 5, 12, 3, 7]
     outputs = {}
     for graphs in (True, False):
-        engine = Engine(model, EngineConfig(num_kv_blocks=64, max_num_seqs=8, cuda_graphs=graphs), eos_token_ids=())
+        engine = Engine(model, EngineSettings(num_kv_blocks=64, max_num_seqs=8, cuda_graphs=graphs), eos_token_ids=())
         assert (engine.runner.graphs is not None) == graphs
         requests = [Request(str(i), p, SamplingParams(max_tokens=n, temperature=0.0))
                     for i, (p, n) in enumerate(zip(prompts, max_tokens))]

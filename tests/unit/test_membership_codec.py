@@ -4,7 +4,6 @@ import msgspec
 import pytest
 
 from shared.membership.codec import Codec, Drop, encode_any, encode_frame
-from shared.membership.config import MembershipConfig
 from shared.membership.member import Status
 from shared.membership.messages import (
     PROTOCOL_VERSION,
@@ -22,9 +21,10 @@ from shared.membership.messages import (
 )
 from shared.membership.node import Node
 from shared.membership.replay import ReplayGuard
+from shared.membership.settings import MembershipSettings
 from shared.membership.table import member_hash
 
-CONFIG = MembershipConfig.local()
+CONFIG = MembershipSettings()
 PEER = ("10.0.0.2", 7946)
 NOW = 1_000.0
 

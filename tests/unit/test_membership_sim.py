@@ -4,13 +4,13 @@ import math
 
 import pytest
 
-from shared.membership import MembershipConfig, Simulation, Status
+from shared.membership import MembershipSettings, Simulation, Status
 from shared.membership.timing import suspicion_bounds
 
 # Anything stuck fails fast, with a stack dump, instead of at the suite-wide limit.
 pytestmark = pytest.mark.timeout(120)
 
-CONFIG = MembershipConfig.local()
+CONFIG = MembershipSettings(cluster_name="drivetrain")
 PERIOD = CONFIG.probe_interval
 N = 64
 

@@ -4,7 +4,6 @@ import pytest
 
 from shared.membership.awareness import Awareness
 from shared.membership.broadcast import BroadcastQueue
-from shared.membership.config import MembershipConfig
 from shared.membership.member import MemberState, Status, supersedes
 from shared.membership.messages import (
     Alive,
@@ -15,6 +14,7 @@ from shared.membership.messages import (
     decode_update,
     encode,
 )
+from shared.membership.settings import MembershipSettings
 from shared.membership.table import MemberTable
 from shared.membership.timing import expected_confirmations
 
@@ -50,7 +50,7 @@ def alive(member, inc=0, **changes):
 def make_table(others=("b", "c", "d", "e", "f")):
     me = MemberState("me", "edge", "10.0.0.1", 7946)
     # suspicion_mult 4 wants two confirmations (mult - 2), so shrinking can be watched step by step.
-    table = MemberTable(me, MembershipConfig.local(suspicion_mult=4), Awareness(8), BroadcastQueue())
+    table = MemberTable(me, MembershipSettings(suspicion_mult=4), Awareness(8), BroadcastQueue())
     for member in others:
         assert table.apply_alive(alive(member), now=0.0)
     table.events.clear()

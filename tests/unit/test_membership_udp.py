@@ -9,7 +9,7 @@ import pytest
 from shared.membership import (
     InMemoryNetwork,
     Membership,
-    MembershipConfig,
+    MembershipSettings,
     Status,
     members_json,
     members_table,
@@ -19,7 +19,7 @@ from shared.membership import (
 # Anything stuck fails fast, with a stack dump, instead of at the suite-wide limit.
 pytestmark = pytest.mark.timeout(60)
 
-CONFIG = MembershipConfig.local(bind_port=0)
+CONFIG = MembershipSettings()
 
 
 async def wait_for(predicate, timeout: float, what: str) -> float:
@@ -96,7 +96,7 @@ async def test_graceful_stop_is_seen_as_left_and_callbacks_fire():
 
 async def test_unanswered_seeds_do_not_fail_start_and_are_retried():
     network = InMemoryNetwork()
-    config = MembershipConfig.local(bind_port=0, join_timeout=0.2)
+    config = MembershipSettings(join_timeout=0.2)
     late = Membership(config, "late", "worker", transport_factory=network.open)
     seed = Membership(config, "seed", "edge", transport_factory=network.open)
     try:
@@ -111,7 +111,7 @@ async def test_unanswered_seeds_do_not_fail_start_and_are_retried():
 
 def test_membership_refuses_to_run_without_a_secret():
     with pytest.raises(ValueError, match="secret"):
-        Membership(MembershipConfig.lan(), "x", "edge")
+        Membership(MembershipSettings.lan(), "x", "edge")
 
 
 async def test_seed_names_resolve_to_addresses():

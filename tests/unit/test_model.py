@@ -11,13 +11,15 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from services.worker.engine.attention import AttentionMetadata
-from services.worker.engine.config import SHAPES, ModelConfig, shape_config
 from services.worker.engine.model import (
     LlamaModel,
     allocate_kv_cache,
     kv_bytes_per_block,
 )
-from services.worker.engine.weights import load_model, smollm2_folder
+from services.worker.engine.weights import load_model
+from shared.models.shapes import SHAPES, ModelConfig, shape_config
+from shared.models.smollm2 import smollm2_folder
+from shared.models.spec import resolve_model
 
 BLOCK_SIZE = 16
 
@@ -63,7 +65,7 @@ def test_tiny_matches_transformers(tmp_path: Path, variant: str) -> None:
     save_hf_folder(config, tmp_path, shard)
     if shard:
         assert (tmp_path / "model.safetensors.index.json").exists()
-    model, _ = load_model(str(tmp_path))
+    model, _ = load_model(resolve_model(str(tmp_path)))
     assert model.config.rope_scaling == config.rope_scaling
     assert model.config.tie_word_embeddings == config.tie_word_embeddings
     ids = torch.randint(0, config.vocab_size, (40,), generator=torch.Generator().manual_seed(1))
@@ -74,7 +76,7 @@ def test_tiny_matches_transformers(tmp_path: Path, variant: str) -> None:
 
 @pytest.fixture(scope="module")
 def smollm2():
-    return load_model("smollm2", dtype=torch.float32)
+    return load_model(resolve_model("smollm2"), dtype=torch.float32)
 
 
 def test_smollm2_matches_transformers(smollm2) -> None:
@@ -164,7 +166,7 @@ def assert_matches_dense(model: LlamaModel, seq: PagedSequence, logits: dict[int
 
 @pytest.fixture(scope="module")
 def tiny() -> LlamaModel:
-    return load_model("tiny")[0]
+    return load_model(resolve_model("tiny"))[0]
 
 
 def test_paged_chunked_prefill_then_decode_equals_dense(tiny: LlamaModel) -> None:
@@ -217,14 +219,14 @@ def test_from_hf_reads_llama3_config() -> None:
 
 
 def test_random_weights_are_seeded_and_in_the_asked_dtype() -> None:
-    a, tok = load_model("tiny", seed=0)
-    b, _ = load_model("tiny", seed=0)
-    c, _ = load_model("tiny", seed=1)
+    a, tok = load_model(resolve_model("tiny"), seed=0)
+    b, _ = load_model(resolve_model("tiny"), seed=0)
+    c, _ = load_model(resolve_model("tiny"), seed=1)
     assert torch.equal(a.embed_tokens.weight, b.embed_tokens.weight)
     assert not torch.equal(a.embed_tokens.weight, c.embed_tokens.weight)
     assert 0.015 < a.layers[0].mlp.gate_up_proj.weight.std() < 0.025
     assert torch.equal(a.norm.weight, torch.ones(TINY.hidden_size))
-    half, _ = load_model("tiny", dtype=torch.bfloat16)
+    half, _ = load_model(resolve_model("tiny"), dtype=torch.bfloat16)
     assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
     assert half.rotary.cos_sin.dtype == torch.float32  # positions stay exact
     ids = torch.tensor(tok.encode("Hello there"))
@@ -234,7 +236,7 @@ def test_random_weights_are_seeded_and_in_the_asked_dtype() -> None:
 
 def test_unknown_model_spec_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="neither"):
-        load_model(str(tmp_path / "nowhere"))
+        resolve_model(str(tmp_path / "nowhere"))
 
 
 def test_kv_cache_allocation_and_block_bytes() -> None:

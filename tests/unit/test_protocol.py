@@ -8,6 +8,7 @@ from services.edge.protocol import (
     CancelFrame,
     ChatFrame,
     ProtocolError,
+    encode_frame,
     event_frame,
     parse_client_frame,
 )
@@ -66,14 +67,19 @@ def test_unknown_field_is_named():
     assert "colour" in error_of(chat(colour="blue")).message
 
 
+def sent(event):
+    """The JSON a client receives for a token-path event."""
+    return json.loads(encode_frame(event_frame("c1", event)))
+
+
 def test_event_frames():
-    assert event_frame("c1", wire.Token("r", 3, "Hel")) == {"type": "token", "id": "c1", "seq": 3, "text": "Hel"}
-    done = event_frame("c1", wire.Done("r", 4, "stop", wire.Usage(5, 2, 4)))
+    assert sent(wire.Token("r", 3, "Hel")) == {"type": "token", "id": "c1", "seq": 3, "text": "Hel"}
+    done = sent(wire.Done("r", 4, "stop", wire.Usage(5, 2, 4)))
     assert done == {
         "type": "done",
         "id": "c1",
         "finish_reason": "stop",
         "usage": {"prompt_tokens": 5, "cached_tokens": 2, "completion_tokens": 4},
     }
-    error = event_frame("c1", wire.Error("r", 0, "worker_lost", "gone", True))
+    error = sent(wire.Error("r", 0, "worker_lost", "gone", True))
     assert error == {"type": "error", "id": "c1", "code": "worker_lost", "message": "gone", "retryable": True}

@@ -106,11 +106,11 @@ def test_row_count_mismatch_is_refused() -> None:
         ({"top_k": -1}, "top_k"),
     ],
 )
-def test_validate_names_the_bad_field(kwargs: dict, field: str) -> None:
+def test_construction_names_the_bad_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
-        SamplingParams(**kwargs).validate()
+        SamplingParams(**kwargs)
 
 
-def test_defaults_validate() -> None:
-    SamplingParams().validate()
-    SamplingParams(temperature=0.0, top_p=1.0, top_k=50, seed=3, stop=("\n\n",)).validate()
+def test_defaults_are_valid() -> None:
+    SamplingParams()
+    SamplingParams(temperature=0.0, top_p=1.0, top_k=50, seed=3, stop=("\n\n",))

@@ -10,6 +10,7 @@ from services.worker.engine.request import Request, RequestStatus
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from services.worker.engine.tenant_order import FCFS
+from services.worker.engine.types import Failure, FailureCode, RequestRejected
 
 BLOCK_SIZE = 16
 
@@ -109,7 +110,7 @@ def test_max_num_seqs_caps_the_batch():
         add(scheduler, request_id, 5)
     assert [c.request_id for c in step(scheduler).chunks] == ["a", "b"]
     assert [c.request_id for c in step(scheduler).chunks] == ["a", "b"]
-    scheduler.finish_request("a", "stop")
+    scheduler.finish_request("a", RequestStatus.FINISHED_STOPPED)
     assert [c.request_id for c in step(scheduler).chunks] == ["b", "c"]
 
 
@@ -142,7 +143,7 @@ def test_preempted_request_reuses_its_own_cached_blocks_on_readmission():
     b = add(scheduler, "b", 80, first=500)
     step(scheduler, token=1000)
     assert step(scheduler).preempted_ids == ["b"]
-    scheduler.finish_request("a", "stop")
+    scheduler.finish_request("a", RequestStatus.FINISHED_STOPPED)
     output = scheduler.schedule()
     assert shape(output) == [("b", 80, 1, True)]
     assert output.chunks[0].token_ids == [1000]
@@ -212,7 +213,7 @@ def test_abort_of_a_waiting_request_removes_it_from_the_queue():
     step(scheduler)
     assert scheduler.abort_request("b")
     assert scheduler.num_waiting == 0
-    scheduler.finish_request("a", "length")
+    scheduler.finish_request("a", RequestStatus.FINISHED_LENGTH)
     assert scheduler.schedule().is_empty
 
 
@@ -229,18 +230,19 @@ def test_prefix_hit_on_admission_skips_cached_tokens_and_reports_them():
 
 def test_check_request_reasons():
     scheduler = make_scheduler(num_blocks=11, max_model_len=200)
-    too_long = Request("x", list(range(201)), SamplingParams())
-    assert "201" in scheduler.check_request(too_long)
-    assert "200" in scheduler.check_request(too_long)
+    too_long = scheduler.check_request(Request("x", list(range(201)), SamplingParams()))
+    assert too_long.code is FailureCode.PROMPT_TOO_LONG
+    assert "201" in too_long.message and "200" in too_long.message
     # 150 prompt tokens + up to 40 generated: 189 tokens of KV, 12 blocks > 10.
     too_big = Request("y", list(range(150)), SamplingParams(max_tokens=40))
-    assert "10 blocks" in scheduler.check_request(too_big)
-    assert scheduler.check_request(Request("z", [], SamplingParams())) == "the prompt is empty"
-    assert "top_p" in scheduler.check_request(Request("w", [1], SamplingParams(top_p=0.0)))
+    too_big_failure = scheduler.check_request(too_big)
+    assert too_big_failure.code is FailureCode.PROMPT_TOO_LONG and "10 blocks" in too_big_failure.message
+    assert scheduler.check_request(Request("z", [], SamplingParams())) == Failure(FailureCode.INVALID_REQUEST, "the prompt is empty")
     fits = Request("ok", list(range(150)), SamplingParams(max_tokens=10))
     assert scheduler.check_request(fits) is None
-    with pytest.raises(ValueError):
+    with pytest.raises(RequestRejected) as rejected:
         scheduler.add_request(too_big)
+    assert rejected.value.failure.code is FailureCode.PROMPT_TOO_LONG
     assert not scheduler.has_unfinished_requests()
 
 
@@ -251,12 +253,12 @@ def test_max_num_tokens_is_capped_by_max_model_len():
     assert not request.reached_max_num_tokens
 
 
-def test_finish_request_takes_protocol_words_and_rejects_others():
+def test_finish_request_takes_finished_statuses_only():
     scheduler = make_scheduler()
     request = add(scheduler, "a", 4)
     with pytest.raises(ValueError):
-        scheduler.finish_request("a", "running")
-    assert scheduler.finish_request("a", "length")
+        scheduler.finish_request("a", RequestStatus.RUNNING)
+    assert scheduler.finish_request("a", RequestStatus.FINISHED_LENGTH)
     assert request.status is RequestStatus.FINISHED_LENGTH
     assert request.status.finish_reason == "length"
 
@@ -268,9 +270,9 @@ def test_static_batching_holds_new_requests_until_the_batch_has_finished():
     assert [c.request_id for c in step(scheduler).chunks] == ["a", "b"]
     add(scheduler, "c", 4)
     assert [c.request_id for c in step(scheduler).chunks] == ["a", "b"]
-    scheduler.finish_request("a", "stop")
+    scheduler.finish_request("a", RequestStatus.FINISHED_STOPPED)
     assert [c.request_id for c in step(scheduler).chunks] == ["b"]
-    scheduler.finish_request("b", "stop")
+    scheduler.finish_request("b", RequestStatus.FINISHED_STOPPED)
     assert [c.request_id for c in step(scheduler).chunks] == ["c"]
 
 
@@ -370,7 +372,7 @@ def test_random_workload_never_reads_wrong_kv_and_finishes_everything(chunked, s
         for chunk in output.chunks:
             request = scheduler.get_request(chunk.request_id)
             if request.num_output_tokens >= request.sampling.max_tokens:
-                scheduler.finish_request(chunk.request_id, "length")
+                scheduler.finish_request(chunk.request_id, RequestStatus.FINISHED_LENGTH)
             elif rng.random() < 0.01:
                 scheduler.abort_request(chunk.request_id)
         check_pool_invariants(scheduler)

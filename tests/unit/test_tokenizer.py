@@ -7,8 +7,8 @@ import jinja2
 import pytest
 from transformers import AutoTokenizer
 
-from services.worker.engine.tokenizer import Tokenizer
-from services.worker.engine.weights import smollm2_folder
+from shared.models.smollm2 import smollm2_folder
+from shared.models.tokenizer import Tokenizer
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],

@@ -1,7 +1,7 @@
 """Token ids in, newly completed text out, one token at a time: never half a UTF-8 character,
 never text past a stop string, and work per token that does not grow with the output."""
 
-from services.worker.engine.tokenizer import REPLACEMENT_CHAR, Tokenizer
+from shared.models.tokenizer import REPLACEMENT_CHAR, Tokenizer
 
 
 class IncrementalDetokenizer:

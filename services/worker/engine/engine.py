@@ -4,69 +4,49 @@ new tokens and finish reasons out. Text, chat templates and stop strings live in
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from services.worker.engine.block_pool import BlockPool
-from services.worker.engine.config import ModelConfig
 from services.worker.engine.kv_cache_manager import KVCacheManager
 from services.worker.engine.model import LlamaModel
 from services.worker.engine.model_runner import ModelRunner, RunnerConfig
 from services.worker.engine.request import Request, RequestStatus
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from services.worker.engine.settings import EngineSettings
 from services.worker.engine.tenant_order import TenantOrder
+from services.worker.engine.types import EngineLoad, FinishReason, StartListener
+from shared.models.spec import context_length
 
 log = logging.getLogger(__name__)
 
-# Told the ids of requests about to be computed for the first time, before they are.
-StartListener = Callable[[list[str]], None]
-
-DEFAULT_MAX_MODEL_LEN = 8192
 CPU_MAX_BATCH_TOKENS = 512
 GPU_MAX_BATCH_TOKENS = 8192
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    max_model_len: int = 0  # prompt + output per request; 0 = the model's context, at most 8192
-    max_num_seqs: int = 256  # requests in one batch
-    max_batch_tokens: int = 0  # tokens per step; 0 = 512 on a CPU, 8192 on a GPU
-    block_size: int = 16
-    num_kv_blocks: int = 0  # KV pool size, null block included; 0 = size from memory
-    kv_memory_fraction: float = 0.9  # GPU: share of device memory for weights, activations and KV
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0  # cap on one prompt's chunk per step; 0 = off
-    static_batching: bool = False  # benchmark baseline: no admissions until the batch is done
-    cuda_graphs: bool = True  # GPU: replay decode steps as CUDA graphs
-
-    def resolve(self, model: ModelConfig, device: torch.device) -> tuple[SchedulerConfig, RunnerConfig]:
-        """The scheduler's and the runner's settings, with every 0 = auto filled in."""
-        max_model_len = self.max_model_len or min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
-        if max_model_len > model.max_position_embeddings:
-            raise ValueError(f"max_model_len {max_model_len} exceeds the model's {model.max_position_embeddings}")
-        auto_tokens = GPU_MAX_BATCH_TOKENS if device.type == "cuda" else CPU_MAX_BATCH_TOKENS
-        scheduler = SchedulerConfig(
-            max_num_seqs=self.max_num_seqs,
-            max_batch_tokens=self.max_batch_tokens or auto_tokens,
-            max_model_len=max_model_len,
-            long_prefill_token_threshold=self.long_prefill_token_threshold,
-            enable_chunked_prefill=self.enable_chunked_prefill,
-            static_batching=self.static_batching,
-        )
-        runner = RunnerConfig(
-            block_size=self.block_size,
-            max_model_len=max_model_len,
-            max_num_seqs=self.max_num_seqs,
-            # Without chunking, one whole prompt may go in over the budget beside the decodes.
-            max_step_tokens=scheduler.max_batch_tokens + (0 if self.enable_chunked_prefill else max_model_len),
-            num_kv_blocks=self.num_kv_blocks,
-            kv_memory_fraction=self.kv_memory_fraction,
-            cuda_graphs=self.cuda_graphs,
-        )
-        return scheduler, runner
+def resolve(settings: EngineSettings, max_model_len: int, device: torch.device) -> tuple[SchedulerConfig, RunnerConfig]:
+    """The scheduler's and the runner's configs, with every 0 = auto filled in."""
+    auto_tokens = GPU_MAX_BATCH_TOKENS if device.type == "cuda" else CPU_MAX_BATCH_TOKENS
+    scheduler = SchedulerConfig(
+        max_num_seqs=settings.max_num_seqs,
+        max_batch_tokens=settings.max_batch_tokens or auto_tokens,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=settings.long_prefill_token_threshold,
+        enable_chunked_prefill=settings.enable_chunked_prefill,
+        static_batching=settings.static_batching,
+    )
+    runner = RunnerConfig(
+        block_size=settings.block_size,
+        max_model_len=max_model_len,
+        max_num_seqs=settings.max_num_seqs,
+        # Without chunking, one whole prompt may go in over the budget beside the decodes.
+        max_step_tokens=scheduler.max_batch_tokens + (0 if settings.enable_chunked_prefill else max_model_len),
+        num_kv_blocks=settings.num_kv_blocks,
+        kv_memory_fraction=settings.kv_memory_fraction,
+        cuda_graphs=settings.cuda_graphs,
+    )
+    return scheduler, runner
 
 
 @dataclass
@@ -75,7 +55,7 @@ class RequestUpdate:
 
     request_id: str
     new_token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" | "length" | "error" once finished
+    finish_reason: FinishReason | None = None  # set once it finished
     error: str | None = None  # why the request failed, when it failed alone
 
 
@@ -83,16 +63,17 @@ class Engine:
     def __init__(
         self,
         model: LlamaModel,
-        config: EngineConfig = EngineConfig(),
+        settings: EngineSettings = EngineSettings(),
+        max_model_len: int = 0,  # 0 = the model's context, at most 8192
         eos_token_ids: tuple[int, ...] | None = None,  # None = the model's; () = never stop on EOS
         tenant_order: TenantOrder | None = None,
         runner_cls: type[ModelRunner] = ModelRunner,  # tests inject faults through a subclass
     ) -> None:
         device = next(model.parameters()).device
-        scheduler_config, runner_config = config.resolve(model.config, device)
-        self.config = config
+        scheduler_config, runner_config = resolve(settings, context_length(model.config, max_model_len), device)
+        self.settings = settings
         self.runner = runner_cls(model, runner_config)
-        pool = BlockPool(self.runner.num_blocks, config.block_size, enable_caching=config.enable_prefix_caching)
+        pool = BlockPool(self.runner.num_blocks, settings.block_size, enable_caching=settings.enable_prefix_caching)
         self.kv_cache_manager = KVCacheManager(pool, scheduler_config.max_model_len)
         self.scheduler = Scheduler(scheduler_config, self.kv_cache_manager, tenant_order)
         eos = model.config.eos_token_ids if eos_token_ids is None else eos_token_ids
@@ -106,21 +87,17 @@ class Engine:
     def max_model_len(self) -> int:
         return self.scheduler.config.max_model_len
 
-    def check_request(self, request: Request) -> str | None:
-        """Why this request can never run here, or None."""
-        return self.scheduler.check_request(request)
-
     def add_request(self, request: Request) -> None:
-        """Queue a request; ValueError if it can never run (see check_request)."""
+        """Queue a request; RequestRejected, with a typed code, if it can never run here."""
         self.scheduler.add_request(request)
 
     def abort_request(self, request_id: str) -> bool:
         """Cancel a request and free its blocks now; False if unknown."""
         return self.scheduler.abort_request(request_id)
 
-    def finish_request(self, request_id: str, reason: str) -> bool:
+    def finish_request(self, request_id: str, reason: FinishReason) -> bool:
         """Finish a request from outside the loop (a stop string found in its text)."""
-        return self.scheduler.finish_request(request_id, reason)
+        return self.scheduler.finish_request(request_id, RequestStatus.finished_with(reason))
 
     def get_request(self, request_id: str) -> Request | None:
         return self.scheduler.get_request(request_id)
@@ -131,16 +108,18 @@ class Engine:
     def request_ids(self) -> list[str]:
         return list(self.scheduler.requests)
 
-    def load(self) -> dict[str, int | float]:
-        """Load figures for the fleet and metrics; plain reads, safe from another thread."""
+    def load(self) -> EngineLoad:
         pool = self.kv_cache_manager.block_pool
-        return {
-            "running": self.scheduler.num_running,
-            "waiting": self.scheduler.num_waiting,
-            "kv_usage": pool.usage,
-            "free_kv_blocks": pool.num_free_blocks,
-            "prefix_hit_rate": self.kv_cache_manager.prefix_hit_rate,
-        }
+        return EngineLoad(
+            running=self.scheduler.num_running,
+            waiting=self.scheduler.num_waiting,
+            kv_usage=pool.usage,
+            free_kv_blocks=pool.num_free_blocks,
+            prefix_hit_rate=self.kv_cache_manager.prefix_hit_rate,
+            steps=self.num_steps,
+            preemptions=self.scheduler.num_preemptions,
+            isolated_failures=self.num_isolated_failures,
+        )
 
     def step(self) -> list[RequestUpdate]:
         out = self.scheduler.schedule()
@@ -185,7 +164,7 @@ class Engine:
         return sampled, failed
 
     def _update(self, out: SchedulerOutput, sampled: dict[str, int], failed: dict[str, str]) -> list[RequestUpdate]:
-        updates = [RequestUpdate(request_id, finish_reason="error", error=why) for request_id, why in failed.items()]
+        updates = [RequestUpdate(request_id, error=why) for request_id, why in failed.items()]
         for request_id in failed:
             self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ERROR)
         self.scheduler.update_from_output(out, sampled)
@@ -196,13 +175,13 @@ class Engine:
             token = sampled[chunk.request_id]
             reason = self._stop_reason(request, token)
             if reason is not None:
-                self.scheduler.finish_request(request.request_id, reason)
+                self.finish_request(request.request_id, reason)
             updates.append(RequestUpdate(request.request_id, [token], reason))
         return updates
 
-    def _stop_reason(self, request: Request, token: int) -> str | None:
+    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
         if token in self.eos_token_ids:
-            return "stop"
+            return FinishReason.STOP
         if request.reached_max_num_tokens:  # max_tokens, or max_model_len (add_request capped it)
-            return "length"
+            return FinishReason.LENGTH
         return None

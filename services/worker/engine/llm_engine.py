@@ -1,5 +1,5 @@
-"""The GenerationEngine the worker service drives: chat messages in, text out, over the token-id
-Engine; plus `build_llm_engine`, which loads a model and builds it all from a WorkerConfig."""
+"""The GenerationEngine over a model: chat messages in, text out, over the token-id Engine; plus
+`build_llm_engine`, which loads a model spec's weights and builds it all."""
 
 from __future__ import annotations
 
@@ -9,24 +9,25 @@ from dataclasses import dataclass
 import jinja2
 import torch
 
-from services.worker.config import WorkerConfig
 from services.worker.engine.detokenizer import IncrementalDetokenizer
-from services.worker.engine.engine import (
-    Engine,
-    EngineConfig,
-    RequestUpdate,
-    StartListener,
-)
+from services.worker.engine.engine import Engine, RequestUpdate
 from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
-from services.worker.engine.tokenizer import Tokenizer
-from services.worker.engine.weights import load_model
-from services.worker.generation import (
-    GenerationRequest,
+from services.worker.engine.settings import EngineSettings
+from services.worker.engine.types import (
+    EngineLoad,
+    EngineOutput,
+    EngineRequest,
+    Failure,
+    FailureCode,
+    FinishReason,
     RequestRejected,
-    StepOutput,
+    StartListener,
     Usage,
 )
+from services.worker.engine.weights import load_model
+from shared.models.spec import ModelSpec
+from shared.models.tokenizer import Tokenizer, template_messages
 
 log = logging.getLogger(__name__)
 
@@ -50,42 +51,30 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self._streams: dict[str, _Stream] = {}
 
-    def add_request(self, request: GenerationRequest) -> None:
+    def add_request(self, request: EngineRequest) -> None:
         try:
-            prompt = self.tokenizer.apply_chat_template(request.messages)
+            prompt = self.tokenizer.apply_chat_template(template_messages(request.messages))
         except (jinja2.TemplateError, ValueError, KeyError, TypeError) as exc:
-            raise RequestRejected("invalid_request", f"the messages do not fit the chat template: {exc}") from exc
+            raise RequestRejected(FailureCode.INVALID_REQUEST, f"the messages do not fit the chat template: {exc}") from exc
         self.add_prompt(request.request_id, prompt, request.sampling, request.tenant)
 
     def add_prompt(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams, tenant: str = "default"
     ) -> Request:
         """Queue a prompt already in token ids; the engine's Request, which grows as it runs."""
-        try:
-            sampling.validate()
-        except ValueError as exc:
-            raise RequestRejected("invalid_request", str(exc)) from exc
-        if not prompt_token_ids:
-            raise RequestRejected("invalid_request", "the prompt is empty")
-        if request_id in self._streams:
-            raise RequestRejected("invalid_request", f"request id {request_id} is already in use")
         request = Request(request_id, prompt_token_ids, sampling, tenant)
-        reason = self.engine.check_request(request)
-        if reason is not None:
-            # Sampling and emptiness were checked above: what is left is size.
-            raise RequestRejected("prompt_too_long", reason)
-        self.engine.add_request(request)
+        self.engine.add_request(request)  # raises RequestRejected, with the scheduler's code
         self._streams[request_id] = _Stream(request, IncrementalDetokenizer(self.tokenizer, sampling.stop))
         return request
 
-    def abort_request(self, request_id: str) -> StepOutput | None:
+    def abort_request(self, request_id: str) -> EngineOutput | None:
         stream = self._streams.pop(request_id, None)
         if stream is None:
             return None
         self.engine.abort_request(request_id)
-        return StepOutput(request_id, finish_reason="cancelled", usage=stream.usage())
+        return EngineOutput(request_id, finish_reason=FinishReason.CANCELLED, usage=stream.usage())
 
-    def step(self) -> list[StepOutput]:
+    def step(self) -> list[EngineOutput]:
         outputs = (self._process(update) for update in self.engine.step() if update.request_id in self._streams)
         return [output for output in outputs if output.text or output.finished]
 
@@ -97,7 +86,7 @@ class LLMEngine:
     def start_listener(self, listener: StartListener | None) -> None:
         self.engine.start_listener = listener
 
-    def load(self) -> dict[str, int | float]:
+    def load(self) -> EngineLoad:
         return self.engine.load()
 
     def has_unfinished_requests(self) -> bool:
@@ -106,25 +95,25 @@ class LLMEngine:
     def request_ids(self) -> list[str]:
         return list(self._streams)
 
-    def _process(self, update: RequestUpdate) -> StepOutput:
+    def _process(self, update: RequestUpdate) -> EngineOutput:
         request_id = update.request_id
         stream = self._streams[request_id]
         if update.error is not None:
             del self._streams[request_id]
-            return StepOutput(request_id, usage=stream.usage(), error_code="engine_error", error_message=update.error)
+            return EngineOutput(request_id, usage=stream.usage(), failure=Failure(FailureCode.ENGINE_ERROR, update.error))
         detokenizer = stream.detokenizer
         text = "".join(detokenizer.push(token) for token in update.new_token_ids)
         finish_reason = update.finish_reason
         if detokenizer.stopped:
             if finish_reason is None:
-                self.engine.finish_request(request_id, "stop")
-            finish_reason = "stop"
+                self.engine.finish_request(request_id, FinishReason.STOP)
+            finish_reason = FinishReason.STOP
         elif finish_reason is not None:
             text += detokenizer.flush()
         if finish_reason is None:
-            return StepOutput(request_id, text)
+            return EngineOutput(request_id, text)
         del self._streams[request_id]
-        return StepOutput(request_id, text, finish_reason, usage=stream.usage())
+        return EngineOutput(request_id, text, finish_reason, usage=stream.usage())
 
 
 def resolve_device(name: str) -> torch.device:
@@ -133,27 +122,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def engine_config(config: WorkerConfig) -> EngineConfig:
-    return EngineConfig(
-        max_model_len=config.max_model_len,
-        max_num_seqs=config.max_num_seqs,
-        max_batch_tokens=config.max_batch_tokens,
-        num_kv_blocks=config.num_kv_blocks,
-        kv_memory_fraction=config.kv_memory_fraction,
-        enable_prefix_caching=config.enable_prefix_caching,
-        enable_chunked_prefill=config.enable_chunked_prefill,
-        cuda_graphs=config.cuda_graphs,
-    )
-
-
-def build_llm_engine(config: WorkerConfig) -> LLMEngine:
-    """Load the model named by config.model onto config.device and build the engine around it."""
-    device = resolve_device(config.device)
-    model, tokenizer = load_model(config.model, device)
+def build_llm_engine(spec: ModelSpec, settings: EngineSettings = EngineSettings(), device: str = "auto") -> LLMEngine:
+    """Load the spec's model onto the device and build the engine around it."""
+    torch_device = resolve_device(device)
+    model, tokenizer = load_model(spec, torch_device)
     eos = tuple(dict.fromkeys(tokenizer.eos_token_ids + model.config.eos_token_ids))
-    engine = Engine(model, engine_config(config), eos_token_ids=eos)
+    engine = Engine(model, settings, spec.max_model_len, eos_token_ids=eos)
     log.info(
         "engine ready: model %s on %s, %d KV blocks, max_model_len %d",
-        config.model, device, engine.runner.num_blocks, engine.max_model_len,
+        spec.name, torch_device, engine.runner.num_blocks, engine.max_model_len,
     )
     return LLMEngine(engine, tokenizer)

@@ -12,7 +12,7 @@ from services.worker.engine.attention import (
     causal_attention,
     paged_attention,
 )
-from services.worker.engine.config import ModelConfig
+from shared.models.shapes import ModelConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each (num_blocks, block_size, Hkv, D)
 

@@ -3,47 +3,41 @@
 from __future__ import annotations
 
 import enum
-import time
 
 from services.worker.engine.block_pool import BlockHash
 from services.worker.engine.sampling_params import SamplingParams
+from services.worker.engine.types import FinishReason
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    PREEMPTED = "preempted"  # waiting again after losing its blocks; will recompute
-    FINISHED_STOPPED = "stop"  # EOS or a stop string
-    FINISHED_LENGTH = "length"  # max_tokens or max_model_len reached
-    FINISHED_ABORTED = "cancelled"  # the client went away or cancelled
-    FINISHED_ERROR = "error"
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()  # waiting again after losing its blocks; will recompute
+    FINISHED_STOPPED = enum.auto()  # EOS or a stop string
+    FINISHED_LENGTH = enum.auto()  # max_tokens or max_model_len reached
+    FINISHED_ABORTED = enum.auto()  # the client went away or cancelled
+    FINISHED_ERROR = enum.auto()  # computing it raised
 
     @property
     def is_finished(self) -> bool:
         return self in _FINISHED
 
     @property
-    def finish_reason(self) -> str | None:
-        """The protocol's `finish_reason` word ("stop", "length", ...), or None if unfinished."""
-        return self.value if self.is_finished else None
+    def finish_reason(self) -> FinishReason | None:
+        """How a request in this status ended; None while it runs, and for a failure."""
+        return _FINISH_REASONS.get(self)
 
     @classmethod
-    def from_finish_reason(cls, reason: str) -> RequestStatus:
-        """The finished status for a protocol word such as "stop" or "cancelled"."""
-        status = cls(reason)
-        if not status.is_finished:
-            raise ValueError(f"{reason!r} is not a finish reason")
-        return status
+    def finished_with(cls, reason: FinishReason) -> RequestStatus:
+        return next(status for status, r in _FINISH_REASONS.items() if r is reason)
 
 
-_FINISHED = frozenset(
-    {
-        RequestStatus.FINISHED_STOPPED,
-        RequestStatus.FINISHED_LENGTH,
-        RequestStatus.FINISHED_ABORTED,
-        RequestStatus.FINISHED_ERROR,
-    }
-)
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.CANCELLED,
+}
+_FINISHED = frozenset({*_FINISH_REASONS, RequestStatus.FINISHED_ERROR})
 
 
 class Request:
@@ -63,9 +57,6 @@ class Request:
         self.request_id = request_id
         self.sampling = sampling
         self.tenant = tenant
-        self.arrival_time = time.monotonic()
-        # Set by the scheduler on add_request; ties in arrival_time cannot happen here.
-        self.arrival_seq = -1
         self.status = RequestStatus.WAITING
         self.num_prompt_tokens = len(prompt_token_ids)
         self.all_token_ids: list[int] = list(prompt_token_ids)
@@ -99,7 +90,7 @@ class Request:
 
     @property
     def reached_max_num_tokens(self) -> bool:
-        """True once the request may not grow: the engine finishes it with "length"."""
+        """True once the request may not grow: the engine finishes it with LENGTH."""
         return self.num_tokens >= self.max_num_tokens
 
     def append_output_token(self, token_id: int) -> None:

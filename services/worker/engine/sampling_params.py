@@ -1,4 +1,4 @@
-"""Per-request sampling settings, as a client asked for them; checked once on arrival."""
+"""Per-request sampling settings, checked once, when they are made: an engine never holds a bad one."""
 
 from dataclasses import dataclass
 
@@ -12,12 +12,8 @@ class SamplingParams:
     seed: int | None = None  # set: this request's draws repeat exactly
     stop: tuple[str, ...] = ()
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first field that is out of range."""
+    def __post_init__(self) -> None:
+        """ValueError naming the first field that is out of range."""
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if not self.temperature >= 0:  # also refuses NaN
@@ -28,5 +24,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
-        if not all(isinstance(s, str) and s for s in self.stop):
+        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop must be a tuple of non-empty strings, got {self.stop!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -12,6 +12,7 @@ from services.worker.engine.kv_cache_manager import KVCacheManager, cdiv
 from services.worker.engine.request import Request, RequestStatus
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.tenant_order import FCFS, TenantOrder
+from services.worker.engine.types import Failure, FailureCode, RequestRejected
 
 DEFAULT_SAMPLING = SamplingParams()
 
@@ -92,7 +93,6 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: the last is the newest
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
-        self._next_arrival_seq = 0
         self._finished_ids: list[str] = []
         self._static_batch: set[str] = set()
         self._static_batch_closed = False
@@ -111,40 +111,34 @@ class Scheduler:
     def get_request(self, request_id: str) -> Request | None:
         return self.requests.get(request_id)
 
-    def check_request(self, request: Request) -> str | None:
-        """Why this request can never run here, or None if it can."""
-        try:
-            request.sampling.validate()
-        except ValueError as exc:
-            return str(exc)
+    def check_request(self, request: Request) -> Failure | None:
+        """Why this request can never run here (its sampling was checked when it was made), or None."""
         num_prompt = request.num_prompt_tokens
         if num_prompt == 0:
-            return "the prompt is empty"
+            return Failure(FailureCode.INVALID_REQUEST, "the prompt is empty")
         if num_prompt > self.config.max_model_len:
             limit = self.config.max_model_len
-            return f"the prompt has {num_prompt} tokens; the model takes at most {limit}"
+            return Failure(FailureCode.PROMPT_TOO_LONG, f"the prompt has {num_prompt} tokens; the model takes at most {limit}")
         # KV is needed for the whole prompt and for every output token but the last.
         max_num_tokens = min(num_prompt + request.sampling.max_tokens, self.config.max_model_len)
         num_kv_tokens = max(num_prompt, max_num_tokens - 1)
         pool = self.kv_cache_manager.block_pool
         num_blocks = cdiv(num_kv_tokens, pool.block_size)
         if num_blocks > pool.num_usable_blocks:
-            return (
+            return Failure(
+                FailureCode.PROMPT_TOO_LONG,
                 f"prompt plus max_tokens needs {num_kv_tokens} tokens of KV cache "
-                f"({num_blocks} blocks); this worker holds {pool.num_usable_blocks} blocks"
+                f"({num_blocks} blocks); this worker holds {pool.num_usable_blocks} blocks",
             )
         return None
 
     def add_request(self, request: Request) -> None:
-        """Queue a request; raises ValueError if check_request rejects it or its id is taken."""
-        reason = self.check_request(request)
-        if reason is not None:
-            raise ValueError(reason)
+        """Queue a request; RequestRejected with check_request's reason, or if its id is taken."""
         if request.request_id in self.requests:
-            raise ValueError(f"request {request.request_id} is already scheduled")
+            raise RequestRejected(FailureCode.INVALID_REQUEST, f"request id {request.request_id} is already in use")
+        if (failure := self.check_request(request)) is not None:
+            raise RequestRejected(failure.code, failure.message)
         request.max_num_tokens = min(request.max_num_tokens, self.config.max_model_len)
-        request.arrival_seq = self._next_arrival_seq
-        self._next_arrival_seq += 1
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.add(request)
@@ -153,9 +147,8 @@ class Scheduler:
         """Cancel a request wherever it is and free its blocks now; False if unknown."""
         return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
 
-    def finish_request(self, request_id: str, reason: RequestStatus | str) -> bool:
-        """Finish a request with a finished status or its protocol word ("stop", "length", ...)."""
-        status = RequestStatus.from_finish_reason(reason) if isinstance(reason, str) else reason
+    def finish_request(self, request_id: str, status: RequestStatus) -> bool:
+        """Finish a request with one of the finished statuses; False if unknown."""
         if not status.is_finished:
             raise ValueError(f"{status} is not a finished status")
         request = self.requests.pop(request_id, None)

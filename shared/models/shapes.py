@@ -1,5 +1,8 @@
 """The shape of a Llama-architecture model: read from a Hugging Face config.json, or one of
-the named shapes (`tiny`, `llama-1b`, `llama-8b`) that benchmarks and tests build with random weights."""
+the named shapes (`tiny`, `llama-1b`, `llama-8b`) that benchmarks and tests build with random weights.
+
+Plain data: serving cost depends on the shape, which the edge, the worker and the benchmarks
+all need without loading any weights."""
 
 from dataclasses import dataclass
 from typing import Any

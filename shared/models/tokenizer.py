@@ -2,9 +2,10 @@
 with jinja2 the way Hugging Face renders it, so prompts match what the model was trained on."""
 
 import json
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jinja2
 import jinja2.ext
@@ -14,6 +15,18 @@ from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 REPLACEMENT_CHAR = "\ufffd"
+
+
+class ChatTurn(Protocol):
+    """One message of a conversation, whatever type carries it (a protocol frame, an engine request)."""
+
+    role: str
+    content: str
+
+
+def template_messages(turns: Iterable[ChatTurn]) -> list[dict[str, str]]:
+    """Messages as chat templates read them: the dicts Hugging Face's `apply_chat_template` takes."""
+    return [{"role": turn.role, "content": turn.content} for turn in turns]
 
 
 class Tokenizer:

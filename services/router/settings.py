@@ -1,21 +1,24 @@
-"""The router's frozen config (flags, DRIVETRAIN_* environment, profile)."""
+"""The router's settings (flags, DRIVETRAIN_* environment, profile; see shared/settings.py)."""
 
 from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
 
-from shared.config import CommonConfig, doc, parse_address
+from shared.addresses import parse_address
+from shared.service_settings import MetricsSettings, ServiceSettings
 
 
-@dataclass(frozen=True)
-class RouterConfig(CommonConfig):
+class RouterSettings(ServiceSettings):
     """drivetrain router: takes token batches from Kafka and forwards each event to its edge."""
 
-    router_id: str = doc("unique name of this router (default: host-pid)", "")
-    edges: str = doc("static edge addresses, edge-id=host:port[,...]; membership finds the rest", "")
-    route_cache_size: int = doc("routes kept in the local cache", 100_000)
+    router_id: str = ""
+    """unique name of this router; empty: router-HOST-PID"""
+    edges: str = ""
+    """static edge addresses, edge-id=host:port[,...], for edges gossip does not (yet) know"""
+    route_cache_size: int = 100_000
+    """routes kept in the local cache; size it above the streams in flight on this router's partitions"""
+    metrics: MetricsSettings = MetricsSettings()
 
     @property
     def name(self) -> str:

@@ -1,0 +1,41 @@
+"""The engine's settings: one frozen section, which the worker's settings embed as `engine`.
+
+A pydantic dataclass, so the worker's flags, environment and docs come from these very
+fields. Torch-free: the `drivetrain` command reads it in every process, edges included.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass
+
+Positive = Annotated[int, Field(ge=1)]
+Auto = Annotated[int, Field(ge=0)]
+
+
+@dataclass(frozen=True, config=ConfigDict(use_attribute_docstrings=True, extra="ignore"))
+class EngineSettings:
+    """How the engine batches and how much memory it takes."""
+
+    max_num_seqs: Positive = 256
+    """most requests in one engine step; also the largest captured CUDA graph"""
+    max_batch_tokens: Auto = 0
+    """token budget of one step (decodes first, then prompt chunks); 0 = 512 on a CPU, 8192 on a GPU"""
+    block_size: Positive = 16
+    """tokens per KV cache block"""
+    num_kv_blocks: Auto = 0
+    """KV cache pool in blocks, one reserved null block included; 0 = size the pool from memory"""
+    kv_memory_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
+    """GPU: share of device memory for weights, activations and KV cache together"""
+    enable_prefix_caching: bool = True
+    """reuse the KV blocks of prompt prefixes seen before"""
+    enable_chunked_prefill: bool = True
+    """split long prompts across steps so running decodes keep their pace"""
+    long_prefill_token_threshold: Auto = 0
+    """cap on one prompt's chunk per step; 0 = off"""
+    static_batching: bool = False
+    """benchmark baseline only: admit a batch, then nothing new until all of it finished"""
+    cuda_graphs: bool = True
+    """GPU: replay decode steps as captured CUDA graphs"""

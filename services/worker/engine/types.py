@@ -1,0 +1,120 @@
+"""The engine's API: what goes in (a request), what comes out (each step's output per request), how a
+request ends, and how an engine reports its load. Torch-free, and knows no Kafka: the worker service
+converts these to and from its wire messages in one place (services/worker/convert.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from services.worker.engine.sampling_params import SamplingParams
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # an end-of-sequence token or a stop string
+    LENGTH = "length"  # max_tokens, or the model's context
+    CANCELLED = "cancelled"  # aborted: the client cancelled or went away
+
+
+class FailureCode(StrEnum):
+    """Why one request failed alone (the others in its batch go on)."""
+
+    INVALID_REQUEST = "invalid_request"  # it can never run: its messages do not fit the chat template
+    PROMPT_TOO_LONG = "prompt_too_long"  # its prompt (plus max_tokens) does not fit the context or the KV pool
+    ENGINE_ERROR = "engine_error"  # computing it raised
+
+
+@dataclass(frozen=True)
+class Failure:
+    code: FailureCode
+    message: str
+
+
+class RequestRejected(Exception):
+    """A request that can never run here; raised by `add_request`, for that request only."""
+
+    def __init__(self, code: FailureCode, message: str) -> None:
+        super().__init__(message)
+        self.failure = Failure(code, message)
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    tenant: str
+    messages: Sequence[Message]
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """What one step did for one request: new text, and how it ended if it did."""
+
+    request_id: str
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None  # set when it finished or failed
+    failure: Failure | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None or self.failure is not None
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """A snapshot of what the engine holds and has done; plain reads, safe from another thread."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0  # share of KV cache blocks in use
+    free_kv_blocks: int = 0
+    prefix_hit_rate: float = 0.0  # prompt tokens served from the prefix cache
+    steps: int = 0
+    preemptions: int = 0
+    isolated_failures: int = 0  # batched steps that raised and were re-run request by request
+
+
+class StartListener(Protocol):
+    """Told the requests an engine is about to compute for the first time, before it computes them:
+    once it returns, the start is on record, so a request that takes the process down with it is
+    never run again elsewhere."""
+
+    def __call__(self, request_ids: list[str]) -> None: ...
+
+
+class GenerationEngine(Protocol):
+    """What the worker service drives: the model engine, or the echo model."""
+
+    start_listener: StartListener | None
+
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue a request; raises RequestRejected if it can never run."""
+
+    def abort_request(self, request_id: str) -> EngineOutput | None:
+        """Stop a request and free its memory now; its final output, or None if unknown."""
+
+    def step(self) -> list[EngineOutput]:
+        """Run one step over the current batch; outputs for the requests that made progress."""
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def request_ids(self) -> list[str]:
+        """Every request the engine holds, running or waiting."""
+
+    def load(self) -> EngineLoad: ...
