@@ -16,6 +16,7 @@ from services.edge.settings import EdgeSettings
 from services.router.settings import RouterSettings
 from services.worker.settings import WorkerSettings
 from shared.infra import command as infra_command
+from shared.models.errors import ModelError
 from shared.service_settings import ServiceSettings
 from shared.settings import Settings, SettingsError, add_arguments, from_arguments
 
@@ -38,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--edges", type=int, default=1)
     up.add_argument("--workers", type=int, default=1)
     up.add_argument("--routers", type=int, default=1)
-    up.add_argument("--base-port", type=int, default=8080, help="edge i serves clients on this + i")
+    up.add_argument("--base-port", type=int, default=8080, help="edge i serves clients on this + i; every other port follows")
     up.add_argument("--no-restart", action="store_true", help="leave a child that dies dead")
+    up.add_argument("--log-dir", type=Path, help="one log file per child (default: INFRA_DIR/logs/fleet)")
 
     members = sub.add_parser("members", help="the fleet as one member sees it (SWIM gossip)")
     members.add_argument("--address", default="127.0.0.1:7946", help="gossip address of any member")
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)
-    except SettingsError as exc:
+    except (SettingsError, ModelError) as exc:  # said in a line, not a traceback
         print(f"drivetrain {args.command}: {exc}", file=sys.stderr)
         return 2
 
@@ -138,9 +140,12 @@ def _up(args: argparse.Namespace) -> int:
     infra = ensure_up()
     # The fleet's own topics, whatever prefix DRIVETRAIN_TOPICS_PREFIX gives it.
     create_topics(infra, ServiceSettings().topics)
-    log_dir = Path(infra.infra_dir) / "logs" / "fleet"
+    log_dir = args.log_dir or infra.infra_dir / "logs" / "fleet"
     log_dir.mkdir(parents=True, exist_ok=True)
-    spec = FleetSpec(args.edges, args.workers, args.routers, args.model, args.echo_delay_ms, base_port=args.base_port)
+    spec = FleetSpec.at(
+        args.base_port, edges=args.edges, workers=args.workers, routers=args.routers,
+        model=args.model, echo_delay_ms=args.echo_delay_ms,
+    )
     fleet = Fleet(spec, log_dir=log_dir, policy=RestartPolicy(restart=not args.no_restart))
     signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -25,10 +25,8 @@ from shared.infra.command import ensure_up, fresh_topics  # noqa: E402
 from shared.infra.settings import InfraSettings  # noqa: E402
 from shared.topics import TopicLayout  # noqa: E402
 
-# Separate runs on one machine can set their own ports.
+# Separate runs on one machine can set their own ports; every port of a test fleet follows this one.
 TEST_PORT = int(os.environ.get("DRIVETRAIN_TEST_BASE_PORT", "18080"))
-TEST_INTERNAL_PORT = TEST_PORT + 1100
-TEST_GOSSIP_PORT = TEST_PORT + 2200
 RESUME_GRACE_S = 2.0  # short, so tests of a dropped socket need not wait long
 
 
@@ -55,10 +53,7 @@ def fleet_env(topics: TopicLayout) -> dict[str, str]:
 
 def start_fleet(topics: TopicLayout, log_dir: Path, **spec: object) -> Fleet:
     """A fleet on the test ports and its own topics, serving on return (stopped again if it fails)."""
-    fleet_spec = FleetSpec(
-        base_port=TEST_PORT, base_internal_port=TEST_INTERNAL_PORT, base_gossip_port=TEST_GOSSIP_PORT,
-        extra_env=fleet_env(topics), **spec,
-    )
+    fleet_spec = FleetSpec.at(TEST_PORT, extra_env=fleet_env(topics), **spec)
     fleet = Fleet(fleet_spec, log_dir=log_dir, echo_logs=False)
     fleet.start(ready_timeout_s=120)
     return fleet

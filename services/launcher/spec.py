@@ -2,7 +2,8 @@
 
 Edge i listens on base_port + i for clients and base_internal_port + i for routers and gossips
 on base_gossip_port + i (the edges are everyone's seeds); worker i and router i answer /metrics
-and /healthz on base_port + 200 + i and base_port + 300 + i.
+and /healthz on base_port + 200 + i and base_port + 300 + i. `FleetSpec.at(base_port)` moves
+them all together: 8080 gives 9180 and 7946, the defaults.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class FleetSpec:
     base_gossip_port: int = 7946
     extra_env: dict[str, str] = field(default_factory=dict)
     worker_args: tuple[str, ...] = ()
+
+    @classmethod
+    def at(cls, base_port: int, **fields: object) -> FleetSpec:
+        """A fleet whose every port is placed relative to `base_port`, as the defaults are to 8080."""
+        return cls(base_port=base_port, base_internal_port=base_port + 1100, base_gossip_port=base_port - 134, **fields)
 
     def edge_ids(self) -> list[str]:
         return [f"edge-{i}" for i in range(self.edges)]

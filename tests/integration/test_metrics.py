@@ -1,8 +1,9 @@
-"""Every service serves Prometheus metrics that move with real traffic."""
+"""Every service serves Prometheus metrics that move with real traffic, and says on /healthz that it serves."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.request
 
 import pytest
@@ -54,3 +55,12 @@ async def test_metrics_follow_traffic(echo_fleet):
     routers = [scrape(spec.router_metrics_port(i)) for i in range(spec.routers)]
     assert sum(value(r, "drivetrain_router_events_total") for r in routers) >= 15
     assert sum(value(r, "drivetrain_router_route_cache_misses_total") for r in routers) >= 3
+    assert sum(value(w, "drivetrain_worker_engine_steps_total") for w in workers) >= 5  # counted and exported
+
+
+def test_every_service_answers_healthz_while_it_serves(echo_fleet):
+    for child in echo_fleet.children.values():
+        with urllib.request.urlopen(child.spec.health_url, timeout=5) as response:
+            body = json.loads(response.read())
+        assert response.status == 200 and body["status"] == "serving", child.name
+        assert (body["role"], body["id"], body["pid"]) == (child.spec.command, child.spec.member_id, child.process.pid)
