@@ -26,7 +26,7 @@ from shared.status_server import metrics_route
 
 
 def build_app(service: EdgeService) -> Starlette:
-    api_keys = parse_api_keys(service.config.api_keys)
+    api_keys = parse_api_keys(service.settings.api_keys)
 
     async def chat_socket(websocket: WebSocket) -> None:
         tenant = authenticate(api_keys, websocket.headers, websocket.query_params)

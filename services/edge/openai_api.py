@@ -53,7 +53,7 @@ SSE_HEADERS = [
 
 
 def openai_routes(service: EdgeService, api_keys: dict[str, str]) -> list[BaseRoute]:
-    model = service.config.model
+    model = service.settings.model
     started = int(time.time())
 
     def tenant_of(request: Request) -> str | None:
@@ -67,7 +67,7 @@ def openai_routes(service: EdgeService, api_keys: dict[str, str]) -> list[BaseRo
             return error_response(unauthorized(request))
         head = CompletionHeader(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model)
         try:
-            body = await read_json_body(request, service.config.max_frame_bytes)
+            body = await read_json_body(request, service.settings.max_frame_bytes)
             parsed = parse_completion_request(body, model, head.id)
         except ApiError as exc:
             service.count_refusal(exc.code or "invalid_request", tenant)

@@ -61,25 +61,25 @@ class EdgeLoad:
 class EdgeService:
     def __init__(
         self,
-        config: EdgeSettings,
+        settings: EdgeSettings,
         producer: AIOKafkaProducer,
         redis: RedisCluster,
         prompt_limit: PromptLimit,
         registry: CollectorRegistry | None = None,
         health: Health | None = None,
     ) -> None:
-        self.config = config
-        self.health = health or Health("edge", config.edge_id)
+        self.settings = settings
+        self.health = health or Health("edge", settings.edge_id)
         self.registry = registry or CollectorRegistry()
         self.metrics = EdgeMetrics(self.registry)
         self.metrics.connections.set_function(lambda: len(self._connections))
         self.metrics.chats_in_flight.set_function(lambda: self.load().chats)
-        self._tiers = parse_tiers(config.tenant_tiers)
-        self.topics = config.topics
+        self._tiers = parse_tiers(settings.tenant_tiers)
+        self.topics = settings.topics
         self._producer = producer
         self._routes = RoutingMap(redis)
         self._prompt_limit = prompt_limit
-        self._deadlines = Deadlines(config.progress_timeout_s, config.start_timeout_s)
+        self._deadlines = Deadlines(settings.progress_timeout_s, settings.start_timeout_s)
         self._connections: dict[str, Connection] = {}
         self._detached: dict[str, tuple[float, int]] = {}  # request id -> (cancel at, epoch)
         self._background: set[asyncio.Task] = set()
@@ -94,7 +94,7 @@ class EdgeService:
         if not grace:
             await self._cancel_by_epoch({chat.request_id: chat.epoch for chat in conn.chats()})
             return
-        cancel_at = time.monotonic() + self.config.resume_grace_s
+        cancel_at = time.monotonic() + self.settings.resume_grace_s
         for chat in conn.chats():
             self._detached[chat.request_id] = (cancel_at, chat.epoch)
 
@@ -121,8 +121,8 @@ class EdgeService:
     def _check_new_chat(self, conn: Connection, chat_id: str) -> None:
         if conn.has_chat(chat_id):
             raise ProtocolError(ErrorCode.DUPLICATE_ID, f"chat id {chat_id!r} is already in flight on this socket", chat_id)
-        if conn.num_chats() >= self.config.max_chats_per_connection:
-            limit = self.config.max_chats_per_connection
+        if conn.num_chats() >= self.settings.max_chats_per_connection:
+            limit = self.settings.max_chats_per_connection
             raise ProtocolError(ErrorCode.TOO_MANY_CHATS, f"at most {limit} chats in flight per socket", chat_id)
 
     async def start_chat(self, conn: Connection, frame: ChatFrame) -> None:
@@ -133,7 +133,7 @@ class EdgeService:
         request_id, resume_token = uuid.uuid4().hex, secrets.token_urlsafe(24)
         request = wire.ChatRequest(
             request_id=request_id,
-            edge_id=self.config.edge_id,
+            edge_id=self.settings.edge_id,
             conn_id=conn.conn_id,
             tenant=conn.tenant,
             messages=[wire.Message(m.role, m.content) for m in frame.messages],
@@ -145,7 +145,7 @@ class EdgeService:
         )
         conn.open_chat(frame.id, request_id)
         try:
-            await self._routes.put(request_id, Route(self.config.edge_id, conn.conn_id), conn.tenant, resume_token)
+            await self._routes.put(request_id, Route(self.settings.edge_id, conn.conn_id), conn.tenant, resume_token)
             # Accepted goes out before the request can reach a worker, so it precedes every token.
             conn.send(AcceptedFrame(frame.id, request_id, resume_token))
             await self._producer.send_and_wait(self.topics.requests, wire.encode(request), key=request_id.encode())
@@ -171,14 +171,14 @@ class EdgeService:
         try:
             if not await self._routes.check_resume(frame.request_id, conn.tenant, frame.resume_token):
                 raise ProtocolError(ErrorCode.RESUME_REFUSED, REFUSED_RESUME, frame.id)
-            epoch = await self._routes.move(frame.request_id, self.config.edge_id, conn.conn_id)
+            epoch = await self._routes.move(frame.request_id, self.settings.edge_id, conn.conn_id)
         except (RedisError, OSError) as exc:
             raise ProtocolError(ErrorCode.UNAVAILABLE, "cannot resume now; retry", frame.id) from exc
         self._detached.pop(frame.request_id, None)
         next_seq = frame.last_seq + 1
         conn.open_chat(frame.id, frame.request_id, next_seq=next_seq, epoch=epoch)
         conn.send(ResumedFrame(frame.id, frame.request_id, next_seq))
-        move = wire.Resume(frame.request_id, epoch, self.config.edge_id, conn.conn_id, next_seq)
+        move = wire.Resume(frame.request_id, epoch, self.settings.edge_id, conn.conn_id, next_seq)
         try:
             await self._producer.send_and_wait(self.topics.control, wire.encode(move))
         except KafkaError as exc:

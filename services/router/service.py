@@ -66,11 +66,11 @@ class _ServingOnAssignment(ConsumerRebalanceListener):
 
 
 class RouterService:
-    def __init__(self, config: RouterSettings, health: Health | None = None) -> None:
-        self.config = config
-        self.health = health or Health("router", config.name)
-        self.topics = config.topics
-        self._static = config.edge_addresses()
+    def __init__(self, settings: RouterSettings, health: Health | None = None) -> None:
+        self.settings = settings
+        self.health = health or Health("router", settings.name)
+        self.topics = settings.topics
+        self._static = settings.edge_addresses()
         self._links: dict[str, EdgeLink] = {}
         self._membership: Membership | None = None
         self._routes: RoutingMap | None = None
@@ -80,20 +80,20 @@ class RouterService:
         self._forwarded: dict[TopicPartition, int] = {}  # next offset per partition, forwarded and not yet committed
 
     async def run(self) -> None:
-        name = self.config.name
-        redis = make_cluster(self.config.redis.startup_nodes())
-        self._routes = RoutingMap(redis, self.config.route_cache_size)
-        bootstrap = self.config.kafka.bootstrap
+        name = self.settings.name
+        redis = make_cluster(self.settings.redis.startup_nodes())
+        self._routes = RoutingMap(redis, self.settings.route_cache_size)
+        bootstrap = self.settings.kafka.bootstrap
         self._producer = make_producer(bootstrap, client_id=name)
         consumer = make_consumer(bootstrap, client_id=name, group_id=f"{self.topics.prefix}-routers")
         consumer.subscribe([self.topics.tokens], listener=_ServingOnAssignment(name, self.health))
         await self._producer.start()
-        self._membership = await join_fleet(self.config, name, "router", {}, {})
+        self._membership = await join_fleet(self.settings, name, "router", {}, {})
         self.registry.register(GossipCollector(self._membership))
         await consumer.start()
         lag = watch_consumer_lag(consumer, self.registry)
         committer = asyncio.create_task(self._commit_forwarded(consumer))
-        metrics = self.config.metrics
+        metrics = self.settings.metrics
         try:
             async with status_endpoint(self.registry, self.health, metrics.host, metrics.port):
                 while True:
@@ -206,4 +206,4 @@ class RouterService:
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
         self.metrics.dead_letters.inc()
-        await send_dead_letter(self._producer, self.topics.dead_letter, record, self.config.name, reason)
+        await send_dead_letter(self._producer, self.topics.dead_letter, record, self.settings.name, reason)

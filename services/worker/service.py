@@ -81,20 +81,20 @@ class _Revocations(ConsumerRebalanceListener):
 class WorkerService:
     def __init__(
         self,
-        config: WorkerSettings,
+        settings: WorkerSettings,
         engine: GenerationEngine,
         routes: RoutingMap,
         is_alive: Callable[[str], bool],
         health: Health | None = None,
     ) -> None:
-        self.config = config
-        self.topics = config.topics
-        self.health = health or Health("worker", config.name)
+        self.settings = settings
+        self.topics = settings.topics
+        self.health = health or Health("worker", settings.name)
         self.offsets = OffsetTracker()
         self._engine = engine
         self._routes = routes
         self._is_alive = is_alive
-        self._streams = StreamRegistry(grace_s=config.replay_retention_s)
+        self._streams = StreamRegistry(grace_s=settings.replay_retention_s)
         self._cancelled: TTLCache[str, int] = TTLCache(maxsize=100_000, ttl=CANCELLED_MEMORY_S)
         self._outbox: asyncio.Queue[list[EngineOutput]] = asyncio.Queue()
         self._producer: AIOKafkaProducer | None = None
@@ -104,7 +104,7 @@ class WorkerService:
         self.metrics = WorkerMetrics(self.registry, engine.load)
 
     async def run(self) -> None:
-        name, bootstrap = self.config.name, self.config.kafka.bootstrap
+        name, bootstrap = self.settings.name, self.settings.kafka.bootstrap
         producer = self._producer = make_producer(bootstrap, client_id=name)
         requests = make_consumer(bootstrap, client_id=name, group_id=f"{self.topics.prefix}-workers")
         requests.subscribe([self.topics.requests], listener=_Revocations(self))
@@ -118,7 +118,7 @@ class WorkerService:
         self._engine.start_listener = self._record_starts
         self._thread = EngineThread(self._engine, self._loop, self._outbox.put_nowait)
         self._thread.start()
-        metrics = self.config.metrics
+        metrics = self.settings.metrics
         try:
             async with status_endpoint(self.registry, self.health, metrics.host, metrics.port), asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._consume_requests(requests))
@@ -136,7 +136,7 @@ class WorkerService:
     # Requests -----------------------------------------------------------------------------
     async def _consume_requests(self, consumer: AIOKafkaConsumer) -> None:
         while True:
-            batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=self.config.max_poll_records)
+            batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=self.settings.max_poll_records)
             chats: list[tuple[TopicPartition, int, wire.ChatRequest]] = []
             for tp, records in batches.items():
                 for record in records:
@@ -159,7 +159,7 @@ class WorkerService:
             self._streams.open(chat.request_id, chat.edge_id)
             self._outbox.put_nowait([EngineOutput(chat.request_id, finish_reason=FinishReason.CANCELLED, usage=Usage(0, 0, 0))])
             return None
-        if owner is not None and owner != self.config.name:
+        if owner is not None and owner != self.settings.name:
             if not self._is_alive(owner):
                 await self._quarantine(chat, owner)
             return None
@@ -194,7 +194,7 @@ class WorkerService:
     def announce_serving(self) -> None:
         """Serving once the group has given this worker its share of the partitions."""
         if self.health.state is Lifecycle.STARTING:
-            log.info("worker %s serving (model %s)", self.config.name, self.config.model)
+            log.info("worker %s serving (model %s)", self.settings.name, self.settings.model)
         self.health.set(Lifecycle.SERVING)
 
     def drop_unstarted(self, request_ids: list[str]) -> None:
@@ -217,7 +217,7 @@ class WorkerService:
             self.offsets.started(request_id)
             stream = self._streams.active.get(request_id)
             if stream is not None:
-                started = wire.Started(request_id, wire.OUT_OF_BAND, self.config.name)
+                started = wire.Started(request_id, wire.OUT_OF_BAND, self.settings.name)
                 stream.log.append(started)
                 by_edge[stream.edge_id].append(started)
         await asyncio.gather(*(self._send(edge, events, {}, wait=True) for edge, events in by_edge.items()))
@@ -295,7 +295,7 @@ class WorkerService:
 
     async def _send(self, edge_id: str, events: list[wire.Event], epochs: dict[str, int], wait: bool = False) -> None:
         """One message per (edge, shard); see token_shards.py."""
-        batches = token_batches(edge_id, self.config.name, events, epochs, self.config.token_shards, time.time())
+        batches = token_batches(edge_id, self.settings.name, events, epochs, self.settings.token_shards, time.time())
         for key, batch in batches:
             delivery = await self._producer.send(self.topics.tokens, wire.encode(batch), key=key)
             if wait:
@@ -305,5 +305,5 @@ class WorkerService:
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
         self.metrics.dead_letters.inc()
-        await send_dead_letter(self._producer, self.topics.dead_letter, record, self.config.name, reason)
+        await send_dead_letter(self._producer, self.topics.dead_letter, record, self.settings.name, reason)
 

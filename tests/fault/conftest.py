@@ -57,3 +57,16 @@ async def finish(sockets: list[ChatSocket], timeout: float = 60.0) -> list[ChatR
 def intact(result: ChatResult, text: str = TEXT) -> bool:
     seqs = [f["seq"] for f in result.tokens]
     return result.final["type"] == "done" and result.text == text and seqs == list(range(len(seqs)))
+
+
+def assert_worker_loss(results: list[ChatResult], killed_at: float) -> None:
+    """A worker died at `killed_at` (perf_counter) under these streams: its own ended with a retryable
+    `worker_lost` within 2 s, showing a clean prefix of the reply; the others' finished intact."""
+    lost = [r for r in results if r.final["type"] == "error"]
+    assert lost and len(lost) < len(results), "both workers should have had streams"
+    for result in lost:
+        assert result.final["code"] == "worker_lost" and result.final["retryable"] is True
+        assert result.arrivals[-1] - killed_at <= 2.0, f"error after {result.arrivals[-1] - killed_at:.2f} s"
+        # What was shown before the loss is a clean prefix of the reply: nothing grafted on.
+        assert TEXT.startswith(result.text)
+    assert all(intact(r) for r in results if r.final["type"] == "done")

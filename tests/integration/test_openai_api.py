@@ -218,7 +218,7 @@ class ScriptedService:
     """Stands in for EdgeService: refuses with `refusal`, or delivers `script(request_id)` to the chat."""
 
     def __init__(self, refusal: ProtocolError | None = None, script=lambda rid: []) -> None:
-        self.config = EdgeSettings(model="echo")
+        self.settings = EdgeSettings(model="echo")
         self._refusal = refusal
         self._script = script
         self.closed_unfinished: list[list[str]] = []
