@@ -18,7 +18,7 @@ from services.worker.settings import WorkerSettings
 from shared.infra import command as infra_command
 from shared.models.errors import ModelError
 from shared.service_settings import ServiceSettings
-from shared.settings import Settings, SettingsError, add_arguments, from_arguments
+from shared.settings import Settings, SettingsError, add_arguments, from_arguments, from_environment
 
 SERVICES: dict[str, type[Settings]] = {"edge": EdgeSettings, "worker": WorkerSettings, "router": RouterSettings}
 
@@ -139,7 +139,7 @@ def _up(args: argparse.Namespace) -> int:
 
     infra = ensure_up()
     # The fleet's own topics, whatever prefix DRIVETRAIN_TOPICS_PREFIX gives it.
-    create_topics(infra, ServiceSettings().topics)
+    create_topics(infra, from_environment(ServiceSettings).topics)
     log_dir = args.log_dir or infra.infra_dir / "logs" / "fleet"
     log_dir.mkdir(parents=True, exist_ok=True)
     spec = FleetSpec.at(

@@ -124,6 +124,14 @@ def from_arguments(cls: type[S], source: CliSettingsSource, namespace: argparse.
         raise SettingsError(cls, exc) from exc
 
 
+def from_environment(cls: type[S]) -> S:
+    """The settings from environment, profile and defaults alone (a command with no flags of its own)."""
+    try:
+        return cls()
+    except ValidationError as exc:
+        raise SettingsError(cls, exc) from exc
+
+
 def load(cls: type[S], argv: list[str] | None = None) -> S:
     """Parse `argv` (the process's, when None) as this class's flags."""
     parser = argparse.ArgumentParser(description=cls.__doc__)
@@ -190,6 +198,7 @@ __all__ = [
     "add_arguments",
     "env_name",
     "from_arguments",
+    "from_environment",
     "load",
     "setting_docs",
 ]

@@ -158,9 +158,6 @@ class Fleet:
                 child.life.serving()
                 self._say(f"{child.name} is serving again")
 
-    def serving(self) -> bool:
-        return all(child.life.state is ChildState.SERVING for child in self.children.values())
-
     # Stopping -------------------------------------------------------------------------------
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Signal one child and forget it: it is not restarted."""

@@ -20,7 +20,7 @@ from shared.infra.errors import InfraError, MissingPrerequisite
 from shared.infra.process import run_sync
 from shared.infra.settings import InfraSettings
 from shared.infra.topics import ensure_topics
-from shared.settings import SettingsError, from_arguments
+from shared.settings import SettingsError, from_arguments, from_environment
 from shared.settings import add_arguments as add_settings_arguments
 from shared.topics import TopicLayout
 
@@ -68,7 +68,7 @@ def up(cfg: InfraSettings, only: tuple[str, ...] = COMPONENTS, report: Report = 
 
 def ensure_up(cfg: InfraSettings | None = None, report: Report = _quiet) -> InfraSettings:
     """Start what is not running and return once Kafka and Redis are ready; raise if not."""
-    cfg = cfg or InfraSettings()
+    cfg = cfg or from_environment(InfraSettings)
     up(cfg, COMPONENTS, report)
     return cfg
 

@@ -22,13 +22,23 @@ LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
 
 
 async def run_locust(host: str, csv_prefix: Path, users: int, run_time: str, *flags: str) -> tuple[int, str]:
-    """Locust in a subprocess (importing it here would patch this process's sockets for gevent)."""
+    """Locust in a subprocess (importing it here would patch this process's sockets for gevent).
+
+    Users stop gracefully at the end (`--stop-timeout`): each ends its chat, or its pause after a
+    refused handshake, and leaves. Killing them mid-sleep instead has, now and then, left gevent's
+    join on a user that never died, and Locust waiting forever.
+    """
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary", "--stop-timeout", "5",
         "-u", str(users), "-r", str(users), "-t", run_time, "--host", host, "--csv", str(csv_prefix), *flags,
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
-    output, _ = await asyncio.wait_for(process.communicate(), timeout=120)
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), timeout=120)
+    except TimeoutError:
+        process.kill()  # never leave it behind
+        await process.wait()
+        raise
     return process.returncode, output.decode(errors="replace")
 
 
