@@ -18,7 +18,13 @@ from services.worker.settings import WorkerSettings
 from shared.infra import command as infra_command
 from shared.models.errors import ModelError
 from shared.service_settings import ServiceSettings
-from shared.settings import Settings, SettingsError, add_arguments, from_arguments, from_environment
+from shared.settings import (
+    Settings,
+    SettingsError,
+    add_arguments,
+    from_arguments,
+    from_environment,
+)
 
 SERVICES: dict[str, type[Settings]] = {"edge": EdgeSettings, "worker": WorkerSettings, "router": RouterSettings}
 

@@ -14,15 +14,16 @@ from services.worker.engine.model import LlamaModel
 from services.worker.engine.model_runner import ModelRunner, RunnerConfig
 from services.worker.engine.request import Request, RequestStatus
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from services.worker.engine.settings import EngineSettings
+from services.worker.engine.settings import (
+    CPU_MAX_BATCH_TOKENS,
+    GPU_MAX_BATCH_TOKENS,
+    EngineSettings,
+)
 from services.worker.engine.tenant_order import TenantOrder
 from services.worker.engine.types import EngineLoad, FinishReason, StartListener
 from shared.models.spec import context_length
 
 log = logging.getLogger(__name__)
-
-CPU_MAX_BATCH_TOKENS = 512
-GPU_MAX_BATCH_TOKENS = 8192
 
 
 def resolve(settings: EngineSettings, max_model_len: int, device: torch.device) -> tuple[SchedulerConfig, RunnerConfig]:

@@ -34,13 +34,15 @@ _MASK64 = (1 << 64) - 1
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    block_size: int = 16
-    max_model_len: int = 8192
-    max_num_seqs: int = 256
-    max_step_tokens: int = 512  # the most tokens one step can hold: sizes the profiling run
-    num_kv_blocks: int = 0  # 0: size the pool from memory
-    kv_memory_fraction: float = 0.9  # GPU: share of device memory for weights, activations and KV
-    cuda_graphs: bool = True
+    """The runner's part of the engine's settings, every auto resolved (engine.resolve makes it)."""
+
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_step_tokens: int  # the most tokens one step can hold: sizes the profiling run
+    num_kv_blocks: int  # 0: size the pool from memory
+    kv_memory_fraction: float  # GPU: share of device memory for weights, activations and KV
+    cuda_graphs: bool
 
 
 @dataclass

@@ -11,21 +11,29 @@ from dataclasses import dataclass, field
 from services.worker.engine.kv_cache_manager import KVCacheManager, cdiv
 from services.worker.engine.request import Request, RequestStatus
 from services.worker.engine.sampling_params import SamplingParams
+from services.worker.engine.settings import CPU_MAX_BATCH_TOKENS, EngineSettings
 from services.worker.engine.tenant_order import FCFS, TenantOrder
 from services.worker.engine.types import Failure, FailureCode, RequestRejected
+from shared.models.spec import DEFAULT_MAX_MODEL_LEN
 
 DEFAULT_SAMPLING = SamplingParams()
 
 
+_SETTINGS = EngineSettings()
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 256  # requests in one batch
-    max_batch_tokens: int = 512  # tokens computed in one step (the budget)
-    max_model_len: int = 8192  # prompt + output, per request
-    long_prefill_token_threshold: int = 0  # cap on one request's chunk per step; 0 = off
-    enable_chunked_prefill: bool = True  # off: a prompt runs whole or waits
+    """The scheduler's part of the engine's settings, every auto resolved (engine.resolve); the
+    defaults are the settings' own, with a CPU's budget, for a scheduler used on its own (tests)."""
+
+    max_num_seqs: int = _SETTINGS.max_num_seqs  # requests in one batch
+    max_batch_tokens: int = CPU_MAX_BATCH_TOKENS  # tokens computed in one step (the budget)
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN  # prompt + output, per request
+    long_prefill_token_threshold: int = _SETTINGS.long_prefill_token_threshold  # cap on one chunk; 0 = off
+    enable_chunked_prefill: bool = _SETTINGS.enable_chunked_prefill  # off: a prompt runs whole or waits
     # Baseline for benchmarks: admit a batch, then nothing new until all of it finished.
-    static_batching: bool = False
+    static_batching: bool = _SETTINGS.static_batching
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_batch_tokens", "max_model_len"):

@@ -11,6 +11,10 @@ from typing import Annotated
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
+# What max_batch_tokens = 0 means: a step's token budget on each kind of device.
+CPU_MAX_BATCH_TOKENS = 512
+GPU_MAX_BATCH_TOKENS = 8192
+
 Positive = Annotated[int, Field(ge=1)]
 Auto = Annotated[int, Field(ge=0)]
 
