@@ -14,8 +14,11 @@ from shared.codes import ErrorCode, FinishReason
 
 WIRE_VERSION = 1
 
-# A request's sampling limits, checked wherever one enters: the client protocol and this wire.
+# A request's sampling limits and defaults, the same wherever one enters: the client protocol and this wire.
 Role = Literal["system", "user", "assistant"]
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_TOP_P = 1.0
 MaxTokens = Annotated[int, msgspec.Meta(ge=1)]
 Temperature = Annotated[float, msgspec.Meta(ge=0.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
@@ -38,9 +41,9 @@ class ChatRequest(msgspec.Struct, frozen=True, tag="chat"):
     conn_id: str
     tenant: str
     messages: list[Message]
-    max_tokens: MaxTokens = 256
-    temperature: Temperature = 0.7
-    top_p: TopP = 1.0
+    max_tokens: MaxTokens = DEFAULT_MAX_TOKENS
+    temperature: Temperature = DEFAULT_TEMPERATURE
+    top_p: TopP = DEFAULT_TOP_P
     seed: int | None = None
     created_at: float = 0.0
     v: int = WIRE_VERSION

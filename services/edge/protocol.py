@@ -27,9 +27,9 @@ class ChatFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     type: Literal["chat"]
     id: ChatId
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
-    max_tokens: wire.MaxTokens = 256
-    temperature: wire.Temperature = 0.7
-    top_p: wire.TopP = 1.0
+    max_tokens: wire.MaxTokens = wire.DEFAULT_MAX_TOKENS
+    temperature: wire.Temperature = wire.DEFAULT_TEMPERATURE
+    top_p: wire.TopP = wire.DEFAULT_TOP_P
     seed: int | None = None
     # Part of v1 and accepted; not used yet (a conversation id for placement by cache affinity).
     conversation: str | None = None
