@@ -205,8 +205,6 @@ class Node:
             self._merge_records(body.states, envelope.sender)
             if body.request:
                 self._send_state(source, lambda s, i, n: Sync(False, s))
-            else:
-                self.sync.on_answer(source)
         elif isinstance(body, MembersRequest):
             self._send_state(source, lambda s, i, n: MembersResponse(body.request_id, i, n, s))
 

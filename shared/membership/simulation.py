@@ -52,8 +52,18 @@ class Simulation:
     def add(self, member_id: str, role: str = "worker", seeds: Sequence[str] = (), **meta: dict) -> Node:
         n = len(self.nodes) + 1
         address = (f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}", 7946)
+        return self._start(member_id, role, address, seeds, n, meta)
+
+    def restart(self, member_id: str, seeds: Sequence[str] = ()) -> Node:
+        """A crashed member comes back as a new process: same id and address, none of its old state."""
+        old = self.nodes[member_id]
+        self.stopped.discard(member_id)
+        self.faults.revive(old.address)
+        return self._start(member_id, old.table.me.role, old.address, seeds, old.table.me.pid + len(self.nodes), {})
+
+    def _start(self, member_id: str, role: str, address: Address, seeds: Sequence[str], pid: int, meta: dict) -> Node:
         node = Node(
-            self.config, member_id, role, address, rng=random.Random(self.rng.random()), now=self.now, pid=n,
+            self.config, member_id, role, address, rng=random.Random(self.rng.random()), now=self.now, pid=pid,
             addresses=meta.get("addresses"), load=meta.get("load"),
         )
         self.nodes[member_id] = node

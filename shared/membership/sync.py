@@ -23,7 +23,6 @@ class AntiEntropy:
         self.rng = rng
         self.push = push
         self.seeds: list[Address] = []
-        self.seed_answered = False
         self._resynced: dict[str, float] = {}  # peers we last swapped with for a repair, and when
         self.next_push_pull = now + config.push_pull_interval * rng.uniform(0.5, 1.0)
         self.next_resync = now + config.resync_interval
@@ -36,11 +35,6 @@ class AntiEntropy:
         for seed in self.seeds:
             self.push(seed)
         self.next_resync = now + self.config.resync_interval
-
-    def on_answer(self, source: Address) -> None:
-        """A full state came back in answer to ours."""
-        if source in self.seeds:
-            self.seed_answered = True
 
     def resync_with(self, sender: str, source: Address, now: float) -> None:
         """Swap with one peer whose view differs, at most once per resync_interval: views differ
@@ -63,12 +57,14 @@ class AntiEntropy:
             self._resynced = {k: t for k, t in self._resynced.items() if now - t < self.config.resync_interval}
 
     def _reconnect(self) -> None:
-        """No seed has answered yet, or we are alone: knock on the seeds again. Otherwise swap with
-        one member we hold dead, which is how the two sides of a healed partition find each other."""
-        if not self.seed_answered or self.table.active_peers() == 0:
-            for seed in self.seeds:
+        """Knock on every seed that no alive member answers for: one that never answered, or one
+        that restarted after we forgot its old self (it knows nobody, and nobody would find it).
+        Then swap with one member we hold dead, which is how the two sides of a healed partition
+        find each other."""
+        answering = {m.address for m in self.table.others() if m.status is Status.ALIVE}
+        for seed in self.seeds:
+            if seed not in answering:
                 self.push(seed)
-            return
         dead = [m for m in self.table.others() if m.status is Status.DEAD]
         if dead:
             self.push(self.rng.choice(dead).address)

@@ -109,6 +109,31 @@ def test_load_updates_reach_everyone_with_a_new_incarnation():
     assert all(n.member("m4").load == {"running": 19} for n in sim.live())
 
 
+@pytest.mark.parametrize("forgotten", [False, True], ids=["still-held-dead", "forgotten"])
+def test_a_restarted_seed_is_found_again_at_a_new_incarnation(forgotten):
+    """The only seed crashes and comes back as a new process that knows nobody, while the others
+    hold its old self dead at a higher incarnation, or have forgotten it altogether."""
+    sim = start_cluster(n=12, seed=11, spread_seeds=False)
+    assert sim.run_until_true(sim.converged, timeout=10.0, step=PERIOD) is not None
+    seed = sim.nodes["m0"]
+    for running in range(5):  # each publication is a new incarnation of the old self
+        sim._after(seed, seed.set_meta(sim.now, load={"running": running}))
+        sim.run_for(CONFIG.meta_min_interval + PERIOD)
+    old_incarnation = seed.table.me.incarnation
+    assert old_incarnation >= 4 and all(n.member("m0").incarnation == old_incarnation for n in sim.live())
+
+    sim.crash("m0")
+    assert sim.run_until_true(lambda: sim.all_see("m0", [Status.DEAD]), timeout=10.0, step=PERIOD) is not None
+    if forgotten:
+        sim.run_for(CONFIG.dead_retention + 2.0)
+        assert all(n.member("m0") is None for n in sim.live() if n.id != "m0")
+    sim.restart("m0")
+    took = sim.run_until_true(sim.converged, timeout=10.0, step=PERIOD / 4)
+    assert took is not None and took <= 3 * CONFIG.resync_interval
+    if not forgotten:  # its new self overruled the old one's death
+        assert all(n.member("m0").incarnation > old_incarnation for n in sim.live())
+
+
 def test_partition_longer_than_suspicion_heals_after_the_cut_is_removed():
     sim = converged_cluster(n=40, seed=9)
     left, right = [f"m{i}" for i in range(20)], [f"m{i}" for i in range(20, 40)]
