@@ -26,11 +26,17 @@ class ErrorCode(StrEnum):
     PROMPT_TOO_LONG = "prompt_too_long"
     UNAVAILABLE = "unavailable"
     RESUME_REFUSED = "resume_refused"
+    STREAM_MOVED = "stream_moved"  # another socket resumed this stream: it goes on there, not here
+    EDGE_DRAINING = "edge_draining"  # this edge is stopping: open a socket to another one
     INVALID_API_KEY = "invalid_api_key"  # HTTP 401 at the handshake, never a frame
+    ORIGIN_NOT_ALLOWED = "origin_not_allowed"  # HTTP 403 at the handshake, never a frame
+    TOO_MANY_HANDSHAKES = "too_many_handshakes"  # HTTP 429 at the handshake, never a frame
+    FRAME_RATE_EXCEEDED = "frame_rate_exceeded"  # close code 1008, never a frame
     # Refused by a worker, or a stream that failed.
     INVALID_REQUEST = "invalid_request"
     ENGINE_ERROR = "engine_error"
     WORKER_LOST = "worker_lost"
+    WORKER_DRAINING = "worker_draining"  # its worker was stopping and could not finish it in time
     NO_WORKER = "no_worker"
     REQUEST_QUARANTINED = "request_quarantined"
 
@@ -40,4 +46,14 @@ class ErrorCode(StrEnum):
         return self in _RETRYABLE
 
 
-_RETRYABLE = frozenset({ErrorCode.TOO_MANY_CHATS, ErrorCode.UNAVAILABLE, ErrorCode.WORKER_LOST, ErrorCode.NO_WORKER})
+_RETRYABLE = frozenset(
+    {
+        ErrorCode.TOO_MANY_CHATS,
+        ErrorCode.TOO_MANY_HANDSHAKES,
+        ErrorCode.UNAVAILABLE,
+        ErrorCode.EDGE_DRAINING,
+        ErrorCode.WORKER_LOST,
+        ErrorCode.WORKER_DRAINING,
+        ErrorCode.NO_WORKER,
+    }
+)

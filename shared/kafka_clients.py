@@ -9,30 +9,42 @@ milliseconds instead of half a second.
 from __future__ import annotations
 
 import logging
+import time
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka.errors import KafkaError
 
 from shared import wire
+from shared.producer import Producer
+from shared.rate_limits import LogThrottle, Rate, held_back
+from shared.service_settings import KafkaSettings
+from shared.topics import MAX_RECORD_BYTES
 
 log = logging.getLogger(__name__)
+
+DEAD_LETTER_LOG_RATE = Rate(per_s=1.0, burst=10)  # a flood of poison must not become a flood of log lines
 
 # How long a fetch may wait for data on a quiet partition; each hop adds up to this.
 FETCH_MAX_WAIT_MS = 5
 
 
-def make_producer(bootstrap: str, client_id: str) -> AIOKafkaProducer:
-    return AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        client_id=client_id,
-        acks="all",
-        enable_idempotence=True,
-        linger_ms=0,
-        request_timeout_ms=10_000,
+def make_producer(kafka: KafkaSettings, client_id: str) -> Producer:
+    return Producer(
+        lambda: AIOKafkaProducer(
+            bootstrap_servers=kafka.bootstrap,
+            **kafka.client_options(),
+            client_id=client_id,
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=0,
+            request_timeout_ms=10_000,
+            max_request_size=MAX_RECORD_BYTES,  # a request as large as the edge's largest frame
+        )
     )
 
 
 def make_consumer(
-    bootstrap: str,
+    kafka: KafkaSettings,
     *topics: str,
     client_id: str,
     group_id: str | None,
@@ -40,7 +52,8 @@ def make_consumer(
 ) -> AIOKafkaConsumer:
     return AIOKafkaConsumer(
         *topics,
-        bootstrap_servers=bootstrap,
+        bootstrap_servers=kafka.bootstrap,
+        **kafka.client_options(),
         client_id=client_id,
         group_id=group_id,
         enable_auto_commit=False,
@@ -52,10 +65,23 @@ def make_consumer(
     )
 
 
-async def send_dead_letter(
-    producer: AIOKafkaProducer, topic: str, record: ConsumerRecord, consumer: str, reason: str
-) -> None:
-    """Park a message nobody can use, with the reason, so it is never retried in a loop."""
-    log.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)
-    letter = wire.DeadLetter(record.topic, record.partition, record.offset, consumer, reason, record.value or b"")
-    await producer.send_and_wait(topic, wire.encode(letter))
+class DeadLetters:
+    """Parks the records a consumer cannot use, with the reason, so none is ever retried in a loop."""
+
+    def __init__(self, producer: Producer, topic: str, consumer: str) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._consumer = consumer
+        self._log = LogThrottle(DEAD_LETTER_LOG_RATE, time.monotonic())
+
+    async def park(self, record: ConsumerRecord, reason: str) -> None:
+        if (held := self._log.admit(time.monotonic())) is not None:
+            log.warning(
+                "dead-lettering %s[%d]@%d: %s%s",
+                record.topic, record.partition, record.offset, reason, held_back(held),
+            )
+        letter = wire.DeadLetter(record.topic, record.partition, record.offset, self._consumer, reason, record.value or b"")
+        try:
+            await self._producer.send_and_wait(self._topic, wire.encode(letter))
+        except KafkaError as exc:  # the broker is away: the record is skipped all the same
+            log.warning("could not park %s[%d]@%d: %r", record.topic, record.partition, record.offset, exc)

@@ -79,14 +79,18 @@ class RoutingMap:
                 return False
             return hmac.compare_digest(digest, token_digest(resume_token)) and stored_tenant == tenant
 
-    async def move(self, request_id: str, edge_id: str, conn_id: str) -> int:
-        """Point the route at a new connection; returns its new epoch."""
+    async def move(self, request_id: str, edge_id: str, conn_id: str) -> tuple[int, Route | None]:
+        """Point the route at a new connection; returns its new epoch and the route it had."""
         async with self._in_flight:
             key = route_key(request_id)
-            epoch = await self._redis.hincrby(key, "epoch", 1)
-            await self._redis.hset(key, mapping={"edge": edge_id, "conn": conn_id})
+            async with self._redis.pipeline(transaction=True) as pipe:  # one key: one slot, one MULTI
+                pipe.hmget(key, ["edge", "conn", "epoch"])
+                pipe.hincrby(key, "epoch", 1)
+                pipe.hset(key, mapping={"edge": edge_id, "conn": conn_id})
+                (old_edge, old_conn, old_epoch), epoch, _ = await pipe.execute()
             self._cache.pop(request_id, None)
-            return epoch
+            previous = Route(old_edge, old_conn, int(old_epoch or 0)) if old_edge and old_conn else None
+            return epoch, previous
 
     async def claim(self, owners: dict[str, str]) -> None:
         """Record which worker started each request (request id -> worker id)."""

@@ -1,4 +1,8 @@
-"""Process plumbing shared by every service: logging, and running until SIGINT/SIGTERM."""
+"""Process plumbing shared by every service: logging, and running until SIGINT/SIGTERM.
+
+The first signal asks the service to drain (it finishes what it holds, takes nothing new, then
+returns); a second one, or the drain overrunning its backstop, cancels it outright.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,40 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
+
+from shared.rate_limits import LogThrottle, Rate, held_back
+
+log = logging.getLogger(__name__)
+
+Main = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
+
+
+# aiokafka logs every failed reconnect, hundreds a second while a broker is away.
+KAFKA_LOG_RATE = Rate(per_s=0.2, burst=3)
+
+
+class KafkaLogThrottle(logging.Filter):
+    """At most KAFKA_LOG_RATE lines of each kind from the Kafka client; the next one says how many were held."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._clock = clock
+        self._by_kind: dict[str, LogThrottle] = {}  # by message template: a few dozen at most
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("aiokafka"):
+            return True
+        kind = str(record.msg)
+        throttle = self._by_kind.get(kind)
+        if throttle is None:
+            throttle = self._by_kind[kind] = LogThrottle(KAFKA_LOG_RATE, self._clock())
+        held = throttle.admit(self._clock())
+        if held:
+            record.msg = kind + held_back(held)
+        return held is not None
 
 
 def setup_logging(level: str, name: str) -> None:
@@ -16,21 +52,37 @@ def setup_logging(level: str, name: str) -> None:
         format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(KafkaLogThrottle())
 
 
-def run_until_signalled(main: Coroutine[Any, Any, None], on_signal: Callable[[], None] | None = None) -> None:
-    """Run `main`; SIGINT or SIGTERM calls `on_signal` (say, to report draining), then cancels `main`,
-    so its `finally` blocks shut it down cleanly."""
+def run_until_signalled(
+    main: Main, on_signal: Callable[[], None] | None = None, backstop_s: float | None = None
+) -> None:
+    """Run `main(stopping)`. SIGINT or SIGTERM calls `on_signal` (say, to report draining) and sets
+    `stopping`, so `main` drains and returns; a second signal, or `main` still running `backstop_s`
+    after the first, cancels it, so its `finally` blocks shut it down at once."""
 
     async def runner() -> None:
-        task = asyncio.create_task(main)
+        stopping = asyncio.Event()
+        task = asyncio.create_task(main(stopping))
+        loop = asyncio.get_running_loop()
+
+        def cancel() -> None:
+            if not task.done():
+                log.warning("stopping now, without finishing the drain")
+                task.cancel()
 
         def stop() -> None:
+            if stopping.is_set():
+                cancel()
+                return
             if on_signal is not None:
                 on_signal()
-            task.cancel()
+            stopping.set()
+            if backstop_s is not None:
+                loop.call_later(backstop_s, cancel)
 
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop)
         with contextlib.suppress(asyncio.CancelledError):

@@ -10,6 +10,14 @@ from shared.settings import Section
 
 Partitions = Annotated[int, Field(ge=1)]
 
+# The largest client frame an edge takes, and the largest record every topic and producer take:
+# a request re-encoded as msgpack is never larger than the JSON it came in, and what it adds (ids,
+# tenant, sampling fields, record and batch headers) is far under the headroom. A dead letter
+# wraps a record in a few dozen bytes more. Kafka's own default (1 MiB) would refuse some of them.
+MAX_FRAME_BYTES = 1024 * 1024
+MAX_RECORD_BYTES = MAX_FRAME_BYTES + 64 * 1024
+TOPIC_CONFIGS = {"max.message.bytes": str(MAX_RECORD_BYTES)}
+
 
 class TopicLayout(Section):
     """Requests spread over workers and tokens over routers, so those two get many partitions;

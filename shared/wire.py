@@ -1,7 +1,8 @@
 """Typed, versioned messages of every internal wire (Kafka topics, router -> edge), encoded as msgpack.
 
 Decoding validates: a message that does not fit its schema raises `WireError`, which
-consumers turn into a dead-letter record instead of a crash.
+consumers turn into a dead-letter record instead of a crash. On Kafka each message
+travels sealed (seal.py), on the router -> edge link in MAC'd frames (link_auth.py).
 """
 
 from __future__ import annotations
@@ -19,9 +20,15 @@ Role = Literal["system", "user", "assistant"]
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_TOP_P = 1.0
-MaxTokens = Annotated[int, msgspec.Meta(ge=1)]
+# Integers carry a range msgpack can hold (64 bits) and that makes sense: no stream is longer
+# than MAX_STREAM_TOKENS (the edge caps `max_tokens` at the served model's context, too), so
+# a seq, a `max_tokens` and a resume point all fit in 32 bits; a seed is any 64-bit value.
+MAX_STREAM_TOKENS = 2**31 - 1
+MaxTokens = Annotated[int, msgspec.Meta(ge=1, le=MAX_STREAM_TOKENS)]
 Temperature = Annotated[float, msgspec.Meta(ge=0.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+LastSeq = Annotated[int, msgspec.Meta(ge=-1, le=MAX_STREAM_TOKENS)]  # -1: nothing received yet
 
 
 class WireError(ValueError):
@@ -44,7 +51,7 @@ class ChatRequest(msgspec.Struct, frozen=True, tag="chat"):
     max_tokens: MaxTokens = DEFAULT_MAX_TOKENS
     temperature: Temperature = DEFAULT_TEMPERATURE
     top_p: TopP = DEFAULT_TOP_P
-    seed: int | None = None
+    seed: Seed | None = None
     created_at: float = 0.0
     v: int = WIRE_VERSION
 
@@ -62,13 +69,18 @@ class Cancel(msgspec.Struct, frozen=True, tag="cancel"):
 
 
 class Resume(msgspec.Struct, frozen=True, tag="resume"):
-    """Edge -> all workers: the request's stream now goes to this connection, from `from_seq` on."""
+    """Edge -> all workers: the request's stream now goes to this connection, from `from_seq` on.
+
+    `old_edge_id`/`old_conn_id`: where it went before, told at once that it moved (empty: unknown).
+    """
 
     request_id: str
     epoch: int
     edge_id: str
     conn_id: str
     from_seq: int
+    old_edge_id: str = ""
+    old_conn_id: str = ""
     v: int = WIRE_VERSION
 
 
@@ -122,7 +134,17 @@ class Error(msgspec.Struct, frozen=True, tag="error", array_like=True):
         return cls(request_id, seq, code, message, code.retryable)
 
 
-Event = Started | Token | Done | Error
+class Moved(msgspec.Struct, frozen=True, tag="moved", array_like=True):
+    """The stream was resumed at `epoch` on another connection. Addressed to the connection that
+    lost it (`conn_id`, on the batch's edge), not through the route, which names the new one."""
+
+    request_id: str
+    seq: int
+    conn_id: str
+    epoch: int
+
+
+Event = Started | Token | Done | Error | Moved
 
 
 class TokenBatch(msgspec.Struct, frozen=True, tag="tokens"):
@@ -137,8 +159,11 @@ class TokenBatch(msgspec.Struct, frozen=True, tag="tokens"):
 
 
 class Delivery(msgspec.Struct, frozen=True, array_like=True):
+    """One event for one connection, and the worker whose sealed batch carried it."""
+
     conn_id: str
     event: Event
+    worker_id: str = ""
 
 
 class ForwardBatch(msgspec.Struct, frozen=True, tag="forward"):

@@ -23,11 +23,15 @@ from services.launcher.spec import FleetSpec  # noqa: E402
 from shared import wire  # noqa: E402
 from shared.infra.command import ensure_up, fresh_topics  # noqa: E402
 from shared.infra.settings import InfraSettings  # noqa: E402
+from shared.membership.settings import MembershipSettings  # noqa: E402
+from shared.seal import Seal  # noqa: E402
 from shared.topics import TopicLayout  # noqa: E402
 
 # Separate runs on one machine can set their own ports; every port of a test fleet follows this one.
 TEST_PORT = int(os.environ.get("DRIVETRAIN_TEST_BASE_PORT", "18080"))
 RESUME_GRACE_S = 2.0  # short, so tests of a dropped socket need not wait long
+# Test fleets keep the local profile's fleet secret: with it a test reads sealed records (or forges them).
+FLEET_SEAL = Seal(MembershipSettings().secret_bytes, "test")
 
 
 @pytest.fixture(scope="session")
@@ -89,13 +93,17 @@ class KafkaTap:
         batches = await self._consumer.getmany(timeout_ms=int(timeout * 1000))
         return [r.value for part in batches.values() for r in part]
 
+    async def messages(self, kind: type, timeout: float) -> list:
+        """The sealed records as messages (each checked against the fleet secret)."""
+        return [FLEET_SEAL.decode(self._topic, value, kind)[1] for value in await self.records(timeout)]
+
     async def events_until(self, done: Callable[[wire.Event], bool], timeout: float) -> list[wire.Event]:
         """Token-path events seen until one satisfies `done` (TimeoutError if none does in time)."""
         events: list[wire.Event] = []
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for value in await self.records(0.2):
-                for event in wire.decode(value, wire.TokenBatch).events:
+            for batch in await self.messages(wire.TokenBatch, 0.2):
+                for event in batch.events:
                     events.append(event)
                     if done(event):
                         return events

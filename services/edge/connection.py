@@ -18,6 +18,10 @@ from starlette.websockets import WebSocketDisconnect
 from services.edge.protocol import EdgeFrame, event_frame
 from services.edge.stream_order import StreamOrder
 from shared import wire
+from shared.codes import ErrorCode
+
+GOING_AWAY = 1001
+GO_AWAY_FLUSH_S = 2.0  # for the frames already queued to reach a slow client
 
 
 @dataclass
@@ -39,14 +43,31 @@ class Delivered:
     chat: Chat
     sent: list[wire.Event]
     duplicate: bool = False
+    foreign: bool = False  # from a worker that does not run the stream: dropped
+
+
+def may_speak(chat: Chat, event: wire.Event, worker_id: str) -> bool:
+    if isinstance(event, wire.Started):
+        return event.worker_id == worker_id and chat.owner in (None, worker_id)
+    if chat.owner is None:
+        return not isinstance(event, wire.Token)
+    return worker_id == chat.owner
 
 
 class Connection:
-    def __init__(self, conn_id: str, tenant: str, sink: Callable[[EdgeFrame], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        conn_id: str,
+        tenant: str,
+        sink: Callable[[EdgeFrame], Awaitable[None]],
+        closer: Callable[[int, str], Awaitable[None]] | None = None,
+    ) -> None:
         self.conn_id = conn_id
         self.tenant = tenant
         self._sink = sink
+        self._closer = closer  # a WebSocket's close; None for an HTTP response
         self._outbox: asyncio.Queue[EdgeFrame | None] = asyncio.Queue()
+        self._written = asyncio.Event()  # the writer has ended
         self._by_chat: dict[str, Chat] = {}
         self._by_request: dict[str, Chat] = {}
 
@@ -54,9 +75,8 @@ class Connection:
     def has_chat(self, chat_id: str) -> bool:
         return chat_id in self._by_chat
 
-    def request_of(self, chat_id: str) -> str | None:
-        chat = self._by_chat.get(chat_id)
-        return chat.request_id if chat else None
+    def chat(self, chat_id: str) -> Chat | None:
+        return self._by_chat.get(chat_id)
 
     def num_chats(self) -> int:
         return len(self._by_chat)
@@ -82,15 +102,24 @@ class Connection:
     def send(self, frame: EdgeFrame) -> None:
         self._outbox.put_nowait(frame)
 
-    def deliver(self, event: wire.Event) -> Delivered | None:
-        """Queue a token-path event in seq order; None if it is for no chat of this connection."""
+    def deliver(self, event: wire.Event, worker_id: str | None = None) -> Delivered | None:
+        """Queue a token-path event in seq order; None if it is for no chat of this connection.
+
+        `worker_id` is the worker that sent it (None: the edge itself). Once a worker has started
+        the stream, only that worker may add to it; before, any worker may end it (one that
+        found it cancelled or quarantined it), but none may put tokens in it.
+        """
         chat = self._by_request.get(event.request_id)
         if chat is None:
             return None
+        if worker_id is not None and not may_speak(chat, event, worker_id):
+            return Delivered(chat, [], foreign=True)
         chat.last_event_at = time.monotonic()
         if isinstance(event, wire.Started):
             chat.owner = event.worker_id
             return Delivered(chat, [])
+        if isinstance(event, wire.Moved):
+            return self._moved(chat, event)
         duplicates = chat.order.num_duplicates
         ready = chat.order.push(event)
         for out in ready:
@@ -98,6 +127,16 @@ class Connection:
         if chat.order.finished:
             self.close_chat(event.request_id)
         return Delivered(chat, ready, duplicate=chat.order.num_duplicates > duplicates)
+
+    def _moved(self, chat: Chat, moved: wire.Moved) -> Delivered:
+        """Another socket resumed the stream: this one ends it, and leaves the stream (and its route) be."""
+        if moved.epoch <= chat.epoch:
+            return Delivered(chat, [])  # it moved here, or the notice is older than this attachment
+        message = "this stream was resumed on another connection and goes on there"
+        error = wire.Error.of(chat.request_id, ErrorCode.STREAM_MOVED, message)
+        self._outbox.put_nowait(event_frame(chat.chat_id, error))
+        self.close_chat(chat.request_id)
+        return Delivered(chat, [error])
 
     async def run_writer(self) -> None:
         """Send queued frames until `close_writer`; a dead sink just ends the loop."""
@@ -109,6 +148,17 @@ class Connection:
         with contextlib.suppress(asyncio.QueueEmpty):
             while True:
                 self._outbox.get_nowait()
+        self._written.set()
 
     def close_writer(self) -> None:
         self._outbox.put_nowait(None)
+
+    async def go_away(self, timeout_s: float = GO_AWAY_FLUSH_S) -> None:
+        """The edge is stopping: send what is queued, then close the socket with 1001 (going away)."""
+        if self._closer is None:
+            return
+        self.close_writer()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._written.wait(), timeout_s)
+        with contextlib.suppress(RuntimeError, OSError):
+            await self._closer(GOING_AWAY, "edge draining")

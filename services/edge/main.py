@@ -10,6 +10,7 @@ import logging
 import uvicorn
 
 from services.edge.app import build_app
+from services.edge.read_timeouts import ReadTimeouts, timed_protocol
 from services.edge.service import EdgeService
 from services.edge.settings import EdgeSettings
 from shared.addresses import advertised_host
@@ -24,11 +25,13 @@ from shared.status_server import QuietServer
 
 log = logging.getLogger(__name__)
 
+DRAIN_BACKSTOP_MARGIN_S = 10.0  # past the drain timeout: closing sockets, leaving gossip
 
-async def serve_edge(settings: EdgeSettings, health: Health) -> None:
+
+async def serve_edge(settings: EdgeSettings, health: Health, stopping: asyncio.Event) -> None:
     limit = prompt_limit(settings.spec())
-    producer = make_producer(settings.kafka.bootstrap, client_id=settings.edge_id)
-    redis = make_cluster(settings.redis.startup_nodes())
+    producer = make_producer(settings.kafka, client_id=settings.edge_id)
+    redis = make_cluster(settings.redis)
     await producer.start()
     service = EdgeService(settings, producer, redis, limit, health=health)
     internal = settings.internal
@@ -38,6 +41,8 @@ async def serve_edge(settings: EdgeSettings, health: Health) -> None:
             build_app(service),
             host=settings.host,
             port=settings.port,
+            http=timed_protocol(ReadTimeouts(settings.clients.header_timeout_s, settings.clients.body_timeout_s)),
+            timeout_keep_alive=settings.clients.idle_timeout_s,
             ws="websockets-sansio",
             ws_max_size=settings.max_frame_bytes,
             ws_per_message_deflate=False,  # compression on user-chosen text invites attacks and costs CPU
@@ -48,7 +53,7 @@ async def serve_edge(settings: EdgeSettings, health: Health) -> None:
     )
     addresses = {"internal": f"{advertised_host(internal.host)}:{internal.port}"}
     membership = await join_fleet(settings, settings.edge_id, "edge", addresses, dataclasses.asdict(service.load()))
-    on_departure(membership, "worker", service.fail_worker)
+    on_departure(membership, "worker", service.worker_gone)
     service.registry.register(GossipCollector(membership))
     serving = asyncio.create_task(server.serve())
     watchdog = asyncio.create_task(service.run_watchdog())
@@ -59,7 +64,10 @@ async def serve_edge(settings: EdgeSettings, health: Health) -> None:
         settings.edge_id, settings.host, settings.port, internal.host, internal.port,
     )
     try:
-        await asyncio.shield(serving)
+        await _until_either(serving, stopping)
+        if not serving.done():
+            # Routers keep delivering over the internal link meanwhile: it closes after the drain.
+            await service.drain(settings.drain_timeout_s)
     finally:
         health.set(Lifecycle.STOPPED)
         watchdog.cancel()
@@ -74,7 +82,20 @@ async def serve_edge(settings: EdgeSettings, health: Health) -> None:
         await redis.aclose()
 
 
+async def _until_either(serving: asyncio.Task, stopping: asyncio.Event) -> None:
+    """Until the server ends by itself or the edge is told to stop; the server is not cancelled here."""
+    told = asyncio.create_task(stopping.wait())
+    try:
+        await asyncio.wait({serving, told}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        told.cancel()
+
+
 def main(settings: EdgeSettings) -> None:
     setup_logging(settings.log_level, settings.edge_id)
     health = Health("edge", settings.edge_id)
-    run_until_signalled(serve_edge(settings, health), on_signal=lambda: health.set(Lifecycle.DRAINING))
+    run_until_signalled(
+        lambda stopping: serve_edge(settings, health, stopping),
+        on_signal=lambda: health.set(Lifecycle.DRAINING),
+        backstop_s=settings.drain_timeout_s + DRAIN_BACKSTOP_MARGIN_S,
+    )

@@ -35,6 +35,13 @@ class EdgeMetrics:
             "drivetrain_edge_duplicate_events_total", "Routed events dropped as already delivered (a router handover)", registry=registry
         )
 
+        self.link_refusals = Counter(
+            "drivetrain_edge_link_refusals_total",
+            "Router links refused (no proof of the fleet secret, a frame that does not verify) and "
+            "routed events dropped (malformed, or from a worker that does not run the stream)",
+            registry=registry,
+        )
+
     def observe(self, delivered: Delivered) -> None:
         if delivered.duplicate:
             self.duplicates.inc()

@@ -12,7 +12,14 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from services.edge.protocol import ChatFrame, ChatMessage, DoneFrame, UsageBody
+from services.edge.protocol import (
+    NESTED_TOO_DEEPLY,
+    ChatFrame,
+    ChatMessage,
+    DoneFrame,
+    UsageBody,
+)
+from shared import wire
 from shared.codes import ErrorCode, FinishReason
 
 # Absent sampling fields take OpenAI's documented defaults, which clients of this API
@@ -78,11 +85,11 @@ class CompletionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     messages: Annotated[list[InputMessage], msgspec.Meta(min_length=1)]
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    max_tokens: PositiveInt | None = None
-    max_completion_tokens: PositiveInt | None = None
+    max_tokens: wire.MaxTokens | None = None
+    max_completion_tokens: wire.MaxTokens | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
-    seed: int | None = None
+    seed: wire.Seed | None = None
     n: PositiveInt | None = None
     # Harmless: bookkeeping that does not change what is generated.
     user: str | None = None
@@ -155,6 +162,9 @@ def parse_completion_request(body: bytes, served_model: str, chat_id: str) -> Pa
         raise _validation_error(str(exc)) from exc
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from exc
+    except RecursionError as exc:  # msgspec stops at the interpreter's recursion limit
+        message = f"We could not parse the JSON body of your request: {NESTED_TOO_DEEPLY}"
+        raise ApiError(400, message, code="invalid_json") from exc
     for field, is_neutral in NEUTRAL.items():
         if not is_neutral(getattr(request, field)):
             raise ApiError(400, f"`{field}` is not supported by this server", code="unsupported_parameter", param=field)
@@ -203,6 +213,8 @@ _STATUS_OF: dict[ErrorCode, tuple[int, str, str]] = {
     ErrorCode.TOO_MANY_CHATS: (429, "rate_limit_error", "too_many_chats"),
     ErrorCode.UNAVAILABLE: (503, "server_error", "unavailable"),
     ErrorCode.WORKER_LOST: (503, "server_error", "worker_lost"),
+    ErrorCode.WORKER_DRAINING: (503, "server_error", "worker_draining"),
+    ErrorCode.EDGE_DRAINING: (503, "server_error", "edge_draining"),
     ErrorCode.NO_WORKER: (503, "server_error", "no_worker"),
     ErrorCode.REQUEST_QUARANTINED: (500, "server_error", "request_quarantined"),
 }

@@ -30,7 +30,7 @@ class ChatFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_tokens: wire.MaxTokens = wire.DEFAULT_MAX_TOKENS
     temperature: wire.Temperature = wire.DEFAULT_TEMPERATURE
     top_p: wire.TopP = wire.DEFAULT_TOP_P
-    seed: int | None = None
+    seed: wire.Seed | None = None
     # Part of v1 and accepted; not used yet (a conversation id for placement by cache affinity).
     conversation: str | None = None
 
@@ -47,7 +47,7 @@ class ResumeFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     id: ChatId
     request_id: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
     resume_token: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-    last_seq: Annotated[int, msgspec.Meta(ge=-1)] = -1  # -1: nothing received yet
+    last_seq: wire.LastSeq = -1  # -1: nothing received yet
 
 
 ClientFrame = ChatFrame | CancelFrame | ResumeFrame
@@ -67,11 +67,17 @@ class ProtocolError(Exception):
         return ErrorFrame(self.chat_id, self.code, self.message, self.code.retryable)
 
 
+NESTED_TOO_DEEPLY = "JSON nested too deeply"
+
+
 def parse_client_frame(text: str | bytes) -> ClientFrame:
     try:
         raw = msgspec.json.decode(text)
     except msgspec.DecodeError as exc:
         raise ProtocolError(ErrorCode.INVALID_JSON, f"frame is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        # msgspec stops at the interpreter's recursion limit; no frame of ours nests a tenth as deep.
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"frame is not valid JSON: {NESTED_TOO_DEEPLY}") from exc
     if not isinstance(raw, dict):
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, "frame must be a JSON object")
     chat_id = raw.get("id") if isinstance(raw.get("id"), str) else None

@@ -20,7 +20,6 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
 from redis.asyncio.cluster import RedisCluster
@@ -42,14 +41,23 @@ from services.edge.protocol import (
 from services.edge.settings import EdgeSettings
 from shared import wire
 from shared.codes import ErrorCode
-from shared.framing import read_frame
+from shared.framing import accept_router, read_frame
 from shared.health import Health
+from shared.link_auth import LinkKeys
 from shared.models.prompt_length import PromptLimit
+from shared.producer import Producer
+from shared.rate_limits import LogThrottle, Rate, held_back
 from shared.routing_map import Route, RoutingMap
+from shared.seal import Seal
 
 log = logging.getLogger(__name__)
 
 REFUSED_RESUME = "no resumable stream matches this request id and token"
+DRAINING = "this edge is stopping; reconnect (to another edge) and retry"
+WORKER_LEFT_GRACE_S = 2.0  # a worker that left in good order sent its streams' endings first: let them arrive
+DRAIN_POLL_S = 0.1
+LINK_HANDSHAKE_TIMEOUT_S = 2.0
+LINK_LOG_RATE = Rate(per_s=1.0, burst=10)  # whoever reaches the router port must not fill the log
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,7 @@ class EdgeService:
     def __init__(
         self,
         settings: EdgeSettings,
-        producer: AIOKafkaProducer,
+        producer: Producer,
         redis: RedisCluster,
         prompt_limit: PromptLimit,
         registry: CollectorRegistry | None = None,
@@ -77,12 +85,16 @@ class EdgeService:
         self._tiers = parse_tiers(settings.tenant_tiers)
         self.topics = settings.topics
         self._producer = producer
+        self._seal = Seal(settings.fleet_secret, settings.edge_id)
+        self._link_keys = LinkKeys(settings.fleet_secret)
+        self._link_log = LogThrottle(LINK_LOG_RATE, time.monotonic())
         self._routes = RoutingMap(redis)
         self._prompt_limit = prompt_limit
         self._deadlines = Deadlines(settings.progress_timeout_s, settings.start_timeout_s)
         self._connections: dict[str, Connection] = {}
         self._detached: dict[str, tuple[float, int]] = {}  # request id -> (cancel at, epoch)
         self._background: set[asyncio.Task] = set()
+        self.draining = False
 
     # Client side ---------------------------------------------------------------------
     def open_connection(self, conn: Connection) -> None:
@@ -119,6 +131,8 @@ class EdgeService:
         self.metrics.refusals.labels(code, self.tier_of(tenant) if tenant else "none").inc()
 
     def _check_new_chat(self, conn: Connection, chat_id: str) -> None:
+        if self.draining:
+            raise ProtocolError(ErrorCode.EDGE_DRAINING, DRAINING, chat_id)
         if conn.has_chat(chat_id):
             raise ProtocolError(ErrorCode.DUPLICATE_ID, f"chat id {chat_id!r} is already in flight on this socket", chat_id)
         if conn.num_chats() >= self.settings.max_chats_per_connection:
@@ -126,10 +140,19 @@ class EdgeService:
             raise ProtocolError(ErrorCode.TOO_MANY_CHATS, f"at most {limit} chats in flight per socket", chat_id)
 
     async def start_chat(self, conn: Connection, frame: ChatFrame) -> None:
-        """Admit a chat for any kind of connection; raises ProtocolError when refused."""
+        """Admit a chat for any kind of connection; raises ProtocolError when refused.
+
+        Every check that can refuse the request itself comes before anything is written, so
+        `unavailable` (retryable) only ever means Redis or Kafka failed; a route already
+        written for a chat that then fails is removed again.
+        """
         self._check_new_chat(conn, frame.id)
         if (reason := self._prompt_limit.excess(frame.messages)) is not None:
             raise ProtocolError(ErrorCode.PROMPT_TOO_LONG, reason, frame.id)
+        # The default stays valid on a model whose context is shorter: the worker stops at the context.
+        if frame.max_tokens > max(self._prompt_limit.context, wire.DEFAULT_MAX_TOKENS):
+            reason = f"max_tokens {frame.max_tokens} is more than the model's context of {self._prompt_limit.context}"
+            raise ProtocolError(ErrorCode.INVALID_MESSAGE, reason, frame.id)
         request_id, resume_token = uuid.uuid4().hex, secrets.token_urlsafe(24)
         request = wire.ChatRequest(
             request_id=request_id,
@@ -143,25 +166,31 @@ class EdgeService:
             seed=frame.seed,
             created_at=time.time(),
         )
+        payload = self._seal.encode(self.topics.requests, request)  # the frame's ranges are the wire's, so this cannot fail
         conn.open_chat(frame.id, request_id)
+        routed = False
         try:
             await self._routes.put(request_id, Route(self.settings.edge_id, conn.conn_id), conn.tenant, resume_token)
+            routed = True
             # Accepted goes out before the request can reach a worker, so it precedes every token.
             conn.send(AcceptedFrame(frame.id, request_id, resume_token))
-            await self._producer.send_and_wait(self.topics.requests, wire.encode(request), key=request_id.encode())
+            await self._producer.send_and_wait(self.topics.requests, payload, key=request_id.encode())
             self.metrics.chats.labels(self.tier_of(conn.tenant)).inc()
-        except Exception as exc:  # noqa: BLE001 - any infrastructure failure becomes a retryable error
+        except (RedisError, KafkaError, OSError) as exc:
             log.warning("could not admit chat %s: %r", request_id, exc)
             conn.close_chat(request_id)
+            if routed:
+                self._spawn(self._forget_route(request_id))
             raise ProtocolError(ErrorCode.UNAVAILABLE, "the service could not take this chat now; retry", frame.id) from exc
 
     async def cancel_chat(self, conn: Connection, chat_id: str) -> None:
-        request_id = conn.request_of(chat_id)
-        if request_id is None:
+        chat = conn.chat(chat_id)
+        if chat is None:
             raise ProtocolError(ErrorCode.UNKNOWN_ID, f"no chat {chat_id!r} in flight on this socket", chat_id)
-        # The worker answers with `done` (finish_reason "cancelled") on the token path.
+        # The worker answers with `done` (finish_reason "cancelled") on the token path. The
+        # epoch is the one this socket holds the stream at: a cancel never reaches past a resume.
         try:
-            await self._cancel_by_epoch({request_id: 0})
+            await self._cancel_by_epoch({chat.request_id: chat.epoch})
         except KafkaError as exc:
             raise ProtocolError(ErrorCode.UNAVAILABLE, "cannot cancel now; retry", chat_id) from exc
 
@@ -171,16 +200,19 @@ class EdgeService:
         try:
             if not await self._routes.check_resume(frame.request_id, conn.tenant, frame.resume_token):
                 raise ProtocolError(ErrorCode.RESUME_REFUSED, REFUSED_RESUME, frame.id)
-            epoch = await self._routes.move(frame.request_id, self.settings.edge_id, conn.conn_id)
+            epoch, previous = await self._routes.move(frame.request_id, self.settings.edge_id, conn.conn_id)
         except (RedisError, OSError) as exc:
             raise ProtocolError(ErrorCode.UNAVAILABLE, "cannot resume now; retry", frame.id) from exc
         self._detached.pop(frame.request_id, None)
         next_seq = frame.last_seq + 1
         conn.open_chat(frame.id, frame.request_id, next_seq=next_seq, epoch=epoch)
         conn.send(ResumedFrame(frame.id, frame.request_id, next_seq))
-        move = wire.Resume(frame.request_id, epoch, self.settings.edge_id, conn.conn_id, next_seq)
+        old = previous or Route("", "")
+        move = wire.Resume(
+            frame.request_id, epoch, self.settings.edge_id, conn.conn_id, next_seq, old.edge_id, old.conn_id
+        )
         try:
-            await self._producer.send_and_wait(self.topics.control, wire.encode(move))
+            await self._producer.send_and_wait(self.topics.control, self._seal.encode(self.topics.control, move))
         except KafkaError as exc:
             conn.close_chat(frame.request_id)
             raise ProtocolError(ErrorCode.UNAVAILABLE, "cannot resume now; retry", frame.id) from exc
@@ -190,11 +222,20 @@ class EdgeService:
         for request_id, epoch in epochs.items():
             by_epoch[epoch].append(request_id)
         for epoch, request_ids in by_epoch.items():
-            await self._producer.send_and_wait(self.topics.control, wire.encode(wire.Cancel(request_ids, epoch)))
+            cancel = wire.Cancel(request_ids, epoch)
+            await self._producer.send_and_wait(self.topics.control, self._seal.encode(self.topics.control, cancel))
 
     # Liveness ----------------------------------------------------------------------------
     def load(self) -> EdgeLoad:
         return EdgeLoad(len(self._connections), sum(c.num_chats() for c in self._connections.values()))
+
+    def worker_gone(self, worker_id: str, died: bool) -> None:
+        """Gossip says a worker is gone. One that died ends its streams now; one that left in good
+        order drained first, and the endings it sent are still on their way through Kafka."""
+        if died:
+            self.fail_worker(worker_id)
+        else:
+            asyncio.get_running_loop().call_later(WORKER_LEFT_GRACE_S, self.fail_worker, worker_id, False)
 
     def fail_worker(self, worker_id: str, died: bool = True) -> int:
         """A worker is gone: every stream it had started ends now, and none hangs.
@@ -217,8 +258,22 @@ class EdgeService:
                     error = wire.Error.of(chat.request_id, ErrorCode.REQUEST_QUARANTINED, message)
                 self._deliver(conn, error)
                 failed += 1
-        log.warning("worker %s is gone: %d of its streams ended", worker_id, failed)
+        if failed or died:
+            log.warning("worker %s is gone: %d of its streams ended", worker_id, failed)
         return failed
+
+    # Draining ----------------------------------------------------------------------------
+    async def drain(self, timeout_s: float) -> None:
+        """Admit nothing new; let the streams in flight finish, up to `timeout_s`; then close
+        every socket as going away (1001), its unfinished streams left to be resumed elsewhere."""
+        self.draining = True
+        log.info("edge %s draining: %d chats in flight", self.settings.edge_id, self.load().chats)
+        deadline = time.monotonic() + timeout_s
+        while self.load().chats and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        if left := self.load().chats:
+            log.warning("drain timeout: closing sockets with %d chats in flight", left)
+        await asyncio.gather(*(conn.go_away() for conn in list(self._connections.values())), return_exceptions=True)
 
     async def run_watchdog(self, period_s: float = 0.5) -> None:
         """Ends chats that stopped making progress, and cancels detached streams nobody resumed."""
@@ -244,18 +299,26 @@ class EdgeService:
 
     # Router side ---------------------------------------------------------------------
     async def serve_router(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One router's persistent link: frames of deliveries until it closes."""
+        """One router's persistent link: a handshake that proves it holds the fleet secret, then
+        MAC'd frames of deliveries until it closes. A peer that fails the handshake or sends a
+        frame that does not verify is cut off; one bad delivery inside a good frame is skipped."""
+        peer = writer.get_extra_info("peername")
         try:
+            router_id, frames = await accept_router(
+                reader, writer, self._link_keys, self.settings.edge_id, LINK_HANDSHAKE_TIMEOUT_S
+            )
             while True:
-                payload = await read_frame(reader)
+                payload = frames.open(await read_frame(reader))
                 try:
                     batch = wire.decode(payload, wire.ForwardBatch)
                 except wire.WireError as exc:
-                    log.warning("dropping a malformed frame from a router: %s", exc)
+                    self._warn_link("router %s sent a malformed frame: %s", router_id, exc)
                     continue
                 self.deliver(batch.deliveries)
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
-            pass
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the router went away
+        except (ValueError, TimeoutError) as exc:  # LinkRefused, FrameTooLarge, no handshake in time
+            self._warn_link("router link from %s refused: %s", peer, exc or "no handshake in time")
         except asyncio.CancelledError:
             # The edge is stopping. Nobody awaits this task, and asyncio's server would log its
             # cancellation as an error with a traceback: end quietly instead.
@@ -265,19 +328,28 @@ class EdgeService:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
 
+    def _warn_link(self, message: str, *args: object) -> None:
+        self.metrics.link_refusals.inc()
+        if (held := self._link_log.admit(time.monotonic())) is not None:
+            log.warning(message + "%s", *args, held_back(held))
+
     def deliver(self, deliveries: list[wire.Delivery]) -> None:
         for delivery in deliveries:
             conn = self._connections.get(delivery.conn_id)
             if conn is None:
                 continue
             try:
-                self._deliver(conn, delivery.event)
+                self._deliver(conn, delivery.event, delivery.worker_id)
             except Exception:  # noqa: BLE001 - one bad event must not cost the rest of the frame
                 log.exception("could not deliver an event of %s", delivery.event.request_id)
 
-    def _deliver(self, conn: Connection, event: wire.Event) -> None:
-        delivered = conn.deliver(event)
+    def _deliver(self, conn: Connection, event: wire.Event, worker_id: str | None = None) -> None:
+        """`worker_id`: the worker that sent the event; None for the edge's own (a deadline, a lost worker)."""
+        delivered = conn.deliver(event, worker_id)
         if delivered is None:
+            return
+        if delivered.foreign:
+            self._warn_link("dropped an event of %s from worker %s, which does not run it", event.request_id, worker_id)
             return
         self.metrics.observe(delivered)
         if delivered.sent and delivered.chat.order.finished:

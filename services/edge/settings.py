@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
+
+from pydantic import Field
 
 from shared.models.spec import ServedModel
 from shared.service_settings import ServiceSettings
 from shared.settings import Section
+from shared.topics import MAX_FRAME_BYTES
 
 
 class InternalListener(Section):
@@ -14,6 +17,27 @@ class InternalListener(Section):
     """address routers connect to; published to them through gossip (as the host name when 0.0.0.0)"""
     port: int = 9180
     """port routers connect to"""
+
+
+class ClientLimits(Section):
+    """What one client, known or not, may hold or spend on the client port."""
+
+    header_timeout_s: float = 10.0
+    """an HTTP request's headers (a WebSocket handshake's too) must all arrive within this of its first byte, or the connection is closed (408)"""
+    body_timeout_s: float = 30.0
+    """an HTTP request's body must all arrive within this of its headers, or the connection is closed (408)"""
+    idle_timeout_s: int = 5
+    """an HTTP keep-alive connection with no request for this long is closed"""
+    refused_handshakes_per_s: float = 1.0
+    """refused WebSocket handshakes (bad key, bad origin) one client address may make per second on average; past the burst, all its handshakes get 429"""
+    refused_handshakes_burst: int = 20
+    """refused handshakes one address may make at once before that limit applies"""
+    frames_per_s: float = 50.0
+    """frames one socket may send per second on average; past the burst the socket is closed with 1008"""
+    frames_burst: int = 200
+    """frames one socket may send at once before that limit applies"""
+    allowed_origins: str = ""
+    """web origins (scheme://host[:port], comma-separated) whose pages may open a chat socket, besides the edge's own (its chat page); * allows every origin. Clients that send no Origin (not browsers) are not affected"""
 
 
 class EdgeSettings(ServiceSettings, ServedModel):
@@ -28,12 +52,13 @@ class EdgeSettings(ServiceSettings, ServedModel):
     port: int = 8080
     """client port: WebSocket /v1/chat, the OpenAI-compatible API, the chat page, /healthz, /metrics"""
     internal: InternalListener = InternalListener()
+    clients: ClientLimits = ClientLimits()
     api_keys: str = "dev-key:dev"
     """accepted API keys, key:tenant[,key:tenant]; a malformed entry stops the edge at start"""
     tenant_tiers: str = ""
     """tenants' service tiers, tenant:tier[,...]; others are 'standard'. Today a tier only labels metrics"""
-    max_frame_bytes: int = 1024 * 1024
-    """largest client frame (a bigger one closes the socket with 1009) and HTTP request body (413)"""
+    max_frame_bytes: Annotated[int, Field(ge=1024, le=MAX_FRAME_BYTES)] = MAX_FRAME_BYTES
+    """largest client frame (a bigger one closes the socket with 1009) and HTTP request body (413); at most 1 MiB, what the Kafka topics are sized for"""
     max_chats_per_connection: int = 64
     """chats one socket may have in flight at once; more are refused with too_many_chats"""
     progress_timeout_s: float = 30.0
@@ -42,3 +67,5 @@ class EdgeSettings(ServiceSettings, ServedModel):
     """a chat no worker starts within this fails with no_worker"""
     resume_grace_s: float = 10.0
     """how long a dropped socket's streams wait to be resumed before the workers are told to cancel them"""
+    drain_timeout_s: float = 25.0
+    """on SIGTERM, how long streams in flight may take to finish before every socket is closed as going away (1001); longer than the workers' drain_timeout_s, so their last words arrive"""

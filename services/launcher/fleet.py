@@ -22,10 +22,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from services.edge.settings import EdgeSettings
 from services.launcher.restarts import ChildLife, ChildState, RestartPolicy
 from services.launcher.spec import ChildSpec, FleetSpec
+from services.worker.settings import WorkerSettings
 
-STOP_TIMEOUT_S = 10.0
+
+def _default(settings: type, name: str) -> float:
+    return settings.model_fields[name].default
+
+
+# A stopped child drains first (docs/operations.md#draining): the longest drain by default, and a margin to exit.
+DRAIN_TIMEOUT_S = max(_default(WorkerSettings, "drain_timeout_s"), _default(EdgeSettings, "drain_timeout_s"))
+STOP_TIMEOUT_S = DRAIN_TIMEOUT_S + 15.0
+ROUTER_STOP_TIMEOUT_S = 15.0
 HEALTH_PROBE_TIMEOUT_S = 0.5
 
 
@@ -94,7 +104,7 @@ class Fleet:
             raise
 
     def start_child(self, spec: ChildSpec, life: ChildLife | None = None) -> Child:
-        env = {**os.environ, "DRIVETRAIN_GOSSIP_SEEDS": self.spec.gossip_seeds(), **self.spec.extra_env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "DRIVETRAIN_GOSSIP_SEEDS": self.spec.gossip_seeds(), **self.spec.extra_env, **self.spec.role_env.get(spec.command, {}), "PYTHONUNBUFFERED": "1"}
         argv = [sys.executable, "-m", "services.cli", spec.command, *spec.args]
         process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         child = Child(spec, process, life=life or ChildLife())
@@ -166,18 +176,27 @@ class Fleet:
         child.process.wait(STOP_TIMEOUT_S)
 
     def stop(self) -> None:
-        """SIGTERM to every child, SIGKILL to those still running after STOP_TIMEOUT_S."""
+        """SIGTERM, SIGKILL to those still running after their time. Edges and workers first, all
+        at once: they drain, and routers carry the last tokens of their streams; then routers."""
         for child in self.children.values():
             child.life.state = ChildState.STOPPING
+        first = [child for child in self.children.values() if child.spec.command != "router"]
+        routers = [child for child in self.children.values() if child.spec.command == "router"]
+        self._stop_all(first, STOP_TIMEOUT_S)
+        self._stop_all(routers, ROUTER_STOP_TIMEOUT_S)
+        self.children.clear()
+
+    def _stop_all(self, children: list[Child], timeout_s: float) -> None:
+        for child in children:
             if child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for child in self.children.values():
+        deadline = time.monotonic() + timeout_s
+        for child in children:
             try:
                 child.process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                self._say(f"{child.name} did not stop within {timeout_s:.0f} s; killing it")
                 child.process.kill()
                 child.process.wait()
             if child.pump:
                 child.pump.join(1.0)
-        self.children.clear()

@@ -34,6 +34,8 @@ class FleetSpec:
     base_internal_port: int = 9180
     base_gossip_port: int = 7946
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Per service kind (edge | worker | router), on top of extra_env: each role's own credentials.
+    role_env: dict[str, dict[str, str]] = field(default_factory=dict)
     worker_args: tuple[str, ...] = ()
 
     @classmethod

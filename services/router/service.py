@@ -17,7 +17,6 @@ from typing import TypeVar
 
 from aiokafka import (
     AIOKafkaConsumer,
-    AIOKafkaProducer,
     ConsumerRebalanceListener,
     ConsumerRecord,
     TopicPartition,
@@ -26,19 +25,22 @@ from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
-from services.router.edge_links import EdgeLink, EdgeUnreachable
+from services.router.edge_links import EdgeLink, EdgeUnreachable, forward_frames
 from services.router.metrics import RouterMetrics
 from services.router.settings import RouterSettings
 from shared import wire
 from shared.addresses import parse_address
 from shared.fleet_membership import join_fleet
 from shared.health import Health, Lifecycle
-from shared.kafka_clients import make_consumer, make_producer, send_dead_letter
+from shared.kafka_clients import DeadLetters, make_consumer, make_producer
+from shared.link_auth import LinkKeys
 from shared.membership import Membership
 from shared.membership.member import GONE
 from shared.metrics import GossipCollector, watch_consumer_lag
+from shared.producer import Producer
 from shared.redis_client import make_cluster
 from shared.routing_map import Route, RoutingMap
+from shared.seal import Seal
 from shared.status_server import status_endpoint
 
 log = logging.getLogger(__name__)
@@ -72,20 +74,27 @@ class RouterService:
         self.topics = settings.topics
         self._static = settings.edge_addresses()
         self._links: dict[str, EdgeLink] = {}
+        self._seal = Seal(settings.fleet_secret, settings.name)
+        self._link_keys = LinkKeys(settings.fleet_secret)
         self._membership: Membership | None = None
         self._routes: RoutingMap | None = None
-        self._producer: AIOKafkaProducer | None = None
+        self._producer: Producer | None = None
+        self._dead_letters: DeadLetters | None = None
         self.registry = CollectorRegistry()
         self.metrics = RouterMetrics(self.registry)
         self._forwarded: dict[TopicPartition, int] = {}  # next offset per partition, forwarded and not yet committed
 
-    async def run(self) -> None:
+    async def run(self, stopping: asyncio.Event | None = None) -> None:
+        """Forward until `stopping` is set; then finish the batch in hand, commit, and leave the
+        group and gossip (a router holds no stream of its own to drain)."""
+        stopping = stopping or asyncio.Event()
         name = self.settings.name
-        redis = make_cluster(self.settings.redis.startup_nodes())
+        redis = make_cluster(self.settings.redis)
         self._routes = RoutingMap(redis, self.settings.route_cache_size)
-        bootstrap = self.settings.kafka.bootstrap
-        self._producer = make_producer(bootstrap, client_id=name)
-        consumer = make_consumer(bootstrap, client_id=name, group_id=f"{self.topics.prefix}-routers")
+        kafka = self.settings.kafka
+        self._producer = make_producer(kafka, client_id=name)
+        self._dead_letters = DeadLetters(self._producer, self.topics.dead_letter, name)
+        consumer = make_consumer(kafka, client_id=name, group_id=f"{self.topics.prefix}-routers")
         consumer.subscribe([self.topics.tokens], listener=_ServingOnAssignment(name, self.health))
         await self._producer.start()
         self._membership = await join_fleet(self.settings, name, "router", {}, {})
@@ -96,7 +105,7 @@ class RouterService:
         metrics = self.settings.metrics
         try:
             async with status_endpoint(self.registry, self.health, metrics.host, metrics.port):
-                while True:
+                while not stopping.is_set():
                     batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
                     records = [record for part in batches.values() for record in part]
                     if records:
@@ -130,25 +139,30 @@ class RouterService:
                     log.warning("commit failed: %r", exc)
 
     async def _route(self, records: list[ConsumerRecord]) -> None:
-        events: list[wire.Event] = []
+        events: list[tuple[str, wire.Event]] = []  # (the worker that sealed it, the event)
+        per_edge: dict[str, list[wire.Delivery]] = defaultdict(list)
         min_epochs: dict[str, int] = {}
         for record in records:
             try:
-                batch = wire.decode(record.value, wire.TokenBatch)
+                worker_id, batch = self._seal.decode(record.topic, record.value, wire.TokenBatch)
             except wire.WireError as exc:
                 await self._dead_letter(record, str(exc))
                 continue
-            events.extend(batch.events)
+            for event in batch.events:
+                if isinstance(event, wire.Moved):  # addressed to the connection it names
+                    if self._link(batch.edge_id) is not None:
+                        per_edge[batch.edge_id].append(wire.Delivery(event.conn_id, event, worker_id))
+                else:
+                    events.append((worker_id, event))
             min_epochs.update(batch.epochs)
-        await self._record_claims([e for e in events if isinstance(e, wire.Started)])
-        routes = await self._lookup([event.request_id for event in events], min_epochs)
-        per_edge: dict[str, list[wire.Delivery]] = defaultdict(list)
-        for event in events:
+        await self._record_claims([e for _, e in events if isinstance(e, wire.Started)])
+        routes = await self._lookup([event.request_id for _, event in events], min_epochs)
+        for worker_id, event in events:
             route = routes.get(event.request_id)
             if route is None or self._link(route.edge_id) is None:
                 self.metrics.unroutable.inc()
                 continue
-            per_edge[route.edge_id].append(wire.Delivery(route.conn_id, event))
+            per_edge[route.edge_id].append(wire.Delivery(route.conn_id, event, worker_id))
         self.metrics.events.inc(len(events))
         self.metrics.forwards.inc(len(per_edge))
         sends = [self._forward(edge_id, deliveries) for edge_id, deliveries in per_edge.items()]
@@ -188,7 +202,7 @@ class RouterService:
             return None  # never heard of: nowhere to send
         link = self._links.get(edge_id)
         if link is None or link.address != address:
-            link = self._links[edge_id] = EdgeLink(edge_id, address)
+            link = self._links[edge_id] = EdgeLink(edge_id, address, self._link_keys, self.settings.name)
         return link
 
     async def _forward(self, edge_id: str, deliveries: list[wire.Delivery]) -> None:
@@ -198,7 +212,8 @@ class RouterService:
         member = self._membership.member(edge_id) if self._membership else None
         attempts = 1 if member is not None and member.status in GONE else None
         try:
-            await self._links[edge_id].send(wire.encode(wire.ForwardBatch(deliveries)), attempts)
+            for frame in forward_frames(deliveries):
+                await self._links[edge_id].send(frame, attempts)
         except EdgeUnreachable as exc:
             # Its clients' sockets died with it; nothing is left to deliver to.
             self.metrics.unroutable.inc(len(deliveries))
@@ -206,4 +221,4 @@ class RouterService:
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
         self.metrics.dead_letters.inc()
-        await send_dead_letter(self._producer, self.topics.dead_letter, record, self.settings.name, reason)
+        await self._dead_letters.park(record, reason)

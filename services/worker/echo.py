@@ -38,9 +38,10 @@ class _EchoStream:
 class EchoEngine:
     """Every step emits the next piece of each running reply."""
 
-    def __init__(self, delay_ms: float = 0.0, crash_on: str = "", context: int = CONTEXT_PIECES) -> None:
+    def __init__(self, delay_ms: float = 0.0, crash_on: str = "", context: int = CONTEXT_PIECES, max_running: int = 0) -> None:
         self.delay_s = delay_ms / 1000.0
         self.context = context
+        self.max_running = max_running  # 0: every request runs at once
         self._crash_on = crash_on  # fault tests: a "poison" message that kills the process
         self._next_step_at = 0.0
         self._streams: dict[str, _EchoStream] = {}
@@ -74,7 +75,7 @@ class EchoEngine:
         self._steps += 1
         self._announce_starts()
         outputs = []
-        for request_id, stream in list(self._streams.items()):
+        for request_id, stream in self._running():
             text, finish = "", FinishReason.STOP
             if stream.sent < len(stream.pieces):
                 text = stream.pieces[stream.sent]
@@ -91,8 +92,13 @@ class EchoEngine:
                 outputs.append(EngineOutput(request_id, text, finish_reason=finish, usage=stream.usage()))
         return outputs
 
+    def _running(self) -> list[tuple[str, _EchoStream]]:
+        """The oldest `max_running` requests run; the rest wait, not yet started."""
+        streams = list(self._streams.items())
+        return streams[: self.max_running] if self.max_running else streams
+
     def _announce_starts(self) -> None:
-        new = [request_id for request_id, stream in self._streams.items() if not stream.started]
+        new = [request_id for request_id, stream in self._running() if not stream.started]
         if new and self.start_listener is not None:
             self.start_listener(new)
         for request_id in new:
@@ -108,4 +114,5 @@ class EchoEngine:
         return list(self._streams)
 
     def load(self) -> EngineLoad:
-        return EngineLoad(running=len(self._streams), steps=self._steps)
+        running = len(self._running())
+        return EngineLoad(running=running, waiting=len(self._streams) - running, steps=self._steps)

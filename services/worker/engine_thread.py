@@ -35,6 +35,7 @@ class Add:
 @dataclass(frozen=True)
 class Abort:
     request_id: str
+    quiet: bool = False  # no `cancelled` output: nobody may hear of this request from here again
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,13 @@ class EngineThread:
         self._commands.put(Add(request))
 
     def abort(self, request_id: str) -> None:
+        """Cancel a request; the engine answers with its `cancelled` output."""
         self._commands.put(Abort(request_id))
+
+    def drop(self, request_id: str) -> None:
+        """Cancel a request without a word: its stream is gone from this worker (handed back, or
+        ended here), and a late `cancelled` would be taken for a later arrival of the same request."""
+        self._commands.put(Abort(request_id, quiet=True))
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -101,8 +108,9 @@ class EngineThread:
                     self._engine.add_request(request)
                 except RequestRejected as exc:
                     return EngineOutput(request.request_id, failure=exc.failure)
-            case Abort(request_id):
-                return self._engine.abort_request(request_id)
+            case Abort(request_id, quiet):
+                output = self._engine.abort_request(request_id)
+                return None if quiet else output
         return None
 
     def _step(self) -> list[EngineOutput]:

@@ -17,6 +17,7 @@ from shared.runtime import run_until_signalled, setup_logging
 
 # What the fleet hears of a worker's load (edges will place requests by it).
 GOSSIPED_LOAD = ("running", "waiting", "kv_usage", "free_kv_blocks")
+DRAIN_BACKSTOP_MARGIN_S = 10.0  # past the drain timeout: leaving the group and gossip, flushing the producer
 
 
 def build_engine(settings: WorkerSettings) -> GenerationEngine:
@@ -24,7 +25,8 @@ def build_engine(settings: WorkerSettings) -> GenerationEngine:
     if spec.is_echo:
         from services.worker.echo import EchoEngine
 
-        return EchoEngine(settings.echo.delay_ms, settings.echo.crash_on, context=spec.max_model_len)
+        echo = settings.echo
+        return EchoEngine(echo.delay_ms, echo.crash_on, context=spec.max_model_len, max_running=echo.max_running)
     from services.worker.engine.llm_engine import build_llm_engine
 
     return build_llm_engine(spec, settings.engine, settings.device)
@@ -35,17 +37,18 @@ def gossiped_load(engine: GenerationEngine) -> dict[str, int | float]:
     return {key: load[key] for key in GOSSIPED_LOAD}
 
 
-async def serve_worker(settings: WorkerSettings, engine: GenerationEngine, health: Health) -> None:
-    redis = make_cluster(settings.redis.startup_nodes())
+async def serve_worker(settings: WorkerSettings, engine: GenerationEngine, health: Health, stopping: asyncio.Event) -> None:
+    redis = make_cluster(settings.redis)
     membership = await join_fleet(settings, settings.name, "worker", {}, gossiped_load(engine))
     service = WorkerService(settings, engine, RoutingMap(redis), lambda wid: is_alive(membership, wid), health)
     service.registry.register(GossipCollector(membership))
     on_departure(membership, "edge", lambda edge_id, died: service.cancel_edge_unless_back(edge_id, membership))
     loading = asyncio.create_task(publish_load(membership, lambda: gossiped_load(engine)))
     try:
-        await service.run()
+        await service.run(stopping)
     finally:
         loading.cancel()
+        # Last, after the drain: while its streams run, edges and workers must still see it alive.
         await membership.stop()
         await redis.aclose()
 
@@ -54,4 +57,8 @@ def main(settings: WorkerSettings) -> None:
     setup_logging(settings.log_level, settings.name)
     health = Health("worker", settings.name)
     engine = build_engine(settings)
-    run_until_signalled(serve_worker(settings, engine, health), on_signal=lambda: health.set(Lifecycle.DRAINING))
+    run_until_signalled(
+        lambda stopping: serve_worker(settings, engine, health, stopping),
+        on_signal=lambda: health.set(Lifecycle.DRAINING),
+        backstop_s=settings.drain_timeout_s + DRAIN_BACKSTOP_MARGIN_S,
+    )

@@ -18,11 +18,11 @@ from collections.abc import Callable
 
 from aiokafka import (
     AIOKafkaConsumer,
-    AIOKafkaProducer,
     ConsumerRebalanceListener,
     ConsumerRecord,
     TopicPartition,
 )
+from aiokafka.errors import KafkaError
 from cachetools import TTLCache
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
@@ -41,15 +41,17 @@ from services.worker.metrics import WorkerMetrics
 from services.worker.offset_tracker import OffsetTracker
 from services.worker.settings import WorkerSettings
 from services.worker.streams import StreamRegistry
-from services.worker.token_shards import token_batches
+from services.worker.token_path import TokenPublisher
 from shared import wire
 from shared.codes import ErrorCode
 from shared.fleet_membership import is_alive
 from shared.health import Health, Lifecycle
-from shared.kafka_clients import make_consumer, make_producer, send_dead_letter
+from shared.kafka_clients import DeadLetters, make_consumer, make_producer
 from shared.membership import Membership
 from shared.metrics import watch_consumer_lag
+from shared.producer import Producer
 from shared.routing_map import RoutingMap
+from shared.seal import Seal
 from shared.status_server import status_endpoint
 
 log = logging.getLogger(__name__)
@@ -58,11 +60,9 @@ POLL_TIMEOUT_MS = 100
 CANCELLED_MEMORY_S = 600  # a cancel may overtake its request; remember it this long
 START_RECORD_TIMEOUT_S = 5.0
 EDGE_LOSS_GRACE_S = 1.0
-
-
-def _log_failed_send(delivery: asyncio.Future) -> None:
-    if not delivery.cancelled() and delivery.exception() is not None:
-        log.error("token batch lost: %r", delivery.exception())
+BROKEN_TELL_S = 60.0  # how long to keep trying to tell edges of streams Kafka lost: past their progress deadline
+DRAIN_POLL_S = 0.1
+FLUSH_TIMEOUT_S = 10.0  # the drain's last messages reach Kafka, or are given up on
 
 
 class _Revocations(ConsumerRebalanceListener):
@@ -90,6 +90,7 @@ class WorkerService:
         self.settings = settings
         self.topics = settings.topics
         self.health = health or Health("worker", settings.name)
+        self._seal = Seal(settings.fleet_secret, settings.name)
         self.offsets = OffsetTracker()
         self._engine = engine
         self._routes = routes
@@ -97,19 +98,26 @@ class WorkerService:
         self._streams = StreamRegistry(grace_s=settings.replay_retention_s)
         self._cancelled: TTLCache[str, int] = TTLCache(maxsize=100_000, ttl=CANCELLED_MEMORY_S)
         self._outbox: asyncio.Queue[list[EngineOutput]] = asyncio.Queue()
-        self._producer: AIOKafkaProducer | None = None
+        self._producer: Producer | None = None
         self._thread: EngineThread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tokens: TokenPublisher | None = None
+        self._dead_letters: DeadLetters | None = None
+        self._background: set[asyncio.Task] = set()
         self.registry = CollectorRegistry()
         self.metrics = WorkerMetrics(self.registry, engine.load)
 
-    async def run(self) -> None:
-        name, bootstrap = self.settings.name, self.settings.kafka.bootstrap
-        producer = self._producer = make_producer(bootstrap, client_id=name)
-        requests = make_consumer(bootstrap, client_id=name, group_id=f"{self.topics.prefix}-workers")
+    async def run(self, stopping: asyncio.Event | None = None) -> None:
+        """Serve until `stopping` is set, then drain (see `_drain`) and return."""
+        stopping = stopping or asyncio.Event()
+        name, kafka = self.settings.name, self.settings.kafka
+        producer = self._producer = make_producer(kafka, client_id=name)
+        self._dead_letters = DeadLetters(producer, self.topics.dead_letter, name)
+        self._tokens = TokenPublisher(producer, self._seal, self.topics.tokens, name, self.settings.token_shards, self._break_streams)
+        requests = make_consumer(kafka, client_id=name, group_id=f"{self.topics.prefix}-workers")
         requests.subscribe([self.topics.requests], listener=_Revocations(self))
         # Every worker must see every control message, so that topic is read without a group.
-        control = make_consumer(bootstrap, self.topics.control, client_id=name, group_id=None, auto_offset_reset="latest")
+        control = make_consumer(kafka, self.topics.control, client_id=name, group_id=None, auto_offset_reset="latest")
         await producer.start()
         await requests.start()
         await control.start()
@@ -121,27 +129,82 @@ class WorkerService:
         metrics = self.settings.metrics
         try:
             async with status_endpoint(self.registry, self.health, metrics.host, metrics.port), asyncio.TaskGroup() as tasks:
-                tasks.create_task(self._consume_requests(requests))
-                tasks.create_task(self._consume_control(control))
-                tasks.create_task(self._publish_outputs())
+                consuming = tasks.create_task(self._consume_requests(requests, stopping))
+                rest = [tasks.create_task(self._consume_control(control)), tasks.create_task(self._publish_outputs())]
+                await stopping.wait()
+                await self._drain(requests, consuming)
+                for task in rest:
+                    task.cancel()
         finally:
             self.health.set(Lifecycle.STOPPED)
             lag.cancel()
+            for task in self._background:
+                task.cancel()
             self._thread.stop()
             for client in (requests, control):
                 with contextlib.suppress(Exception):
                     await client.stop()
             await producer.stop()
 
+    # Draining -----------------------------------------------------------------------------
+    async def _drain(self, requests: AIOKafkaConsumer, consuming: asyncio.Task) -> None:
+        """Take nothing new, hand back what has not started, finish what runs, within the drain timeout.
+
+        The requests consumer leaves its group now, so the partitions move at once and their
+        new owner re-reads every request that had not started here (their offsets were never
+        committed). Running streams go on (cancels and resumes still arrive on the control
+        topic); those still running at the timeout end with `worker_draining`. Gossip is left
+        only after this returns, so no edge takes a finished stream for a lost one.
+        """
+        log.info("worker %s draining: %d streams running", self.settings.name, len(self._streams.active))
+        await consuming
+        if moves := self.offsets.committable():
+            with contextlib.suppress(Exception):
+                await requests.commit(moves)
+        self.drop_unstarted(self.offsets.forget_partitions(set(requests.assignment())))
+        with contextlib.suppress(Exception):
+            await requests.stop()  # leaves the group: a rebalance, not a session timeout
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while self._streams.active and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        if self._streams.active:
+            await self._end_draining(list(self._streams.active))
+        try:
+            await asyncio.wait_for(self._producer.flush(), FLUSH_TIMEOUT_S)
+        except (TimeoutError, KafkaError) as exc:
+            log.warning("drain: the last token batches may be lost: %r", exc)
+        log.info("worker %s drained", self.settings.name)
+
+    async def _end_draining(self, request_ids: list[str]) -> None:
+        """The streams the drain timeout overtook: each ends with a retryable error, in seq order."""
+        log.warning("drain timeout: ending %d running streams with %s", len(request_ids), ErrorCode.WORKER_DRAINING)
+        message = "the worker stopped before this stream finished; retry the request"
+        by_edge: dict[str, list[wire.Event]] = defaultdict(list)
+        epochs: dict[str, dict[str, int]] = defaultdict(dict)
+        for request_id in request_ids:
+            stream = self._streams.active[request_id]
+            error = wire.Error.of(request_id, ErrorCode.WORKER_DRAINING, message, stream.next_seq)
+            stream.log.append(error)
+            by_edge[stream.edge_id].append(error)
+            if stream.epoch:
+                epochs[stream.edge_id][request_id] = stream.epoch
+            self._streams.end(request_id)  # what the engine still says of it is dropped
+            self._thread.drop(request_id)
+        sends = (self._tokens.send(edge_id, events, epochs[edge_id], wait=True) for edge_id, events in by_edge.items())
+        results = await asyncio.gather(*sends, return_exceptions=True)
+        for failed in (r for r in results if isinstance(r, BaseException)):
+            log.warning("drain: could not send the end of some streams: %r", failed)
+
     # Requests -----------------------------------------------------------------------------
-    async def _consume_requests(self, consumer: AIOKafkaConsumer) -> None:
-        while True:
+    async def _consume_requests(self, consumer: AIOKafkaConsumer, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
             batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=self.settings.max_poll_records)
             chats: list[tuple[TopicPartition, int, wire.ChatRequest]] = []
             for tp, records in batches.items():
                 for record in records:
                     try:
-                        chats.append((tp, record.offset, wire.decode(record.value, wire.ChatRequest)))
+                        _, chat = self._seal.decode(record.topic, record.value, wire.ChatRequest)
+                        chats.append((tp, record.offset, chat))
                     except wire.WireError as exc:
                         await self._dead_letter(record, str(exc))
                         self.offsets.add(tp, record.offset, None)
@@ -149,7 +212,10 @@ class WorkerService:
             for tp, offset, chat in chats:
                 self.offsets.add(tp, offset, await self._accept(chat, owners.get(chat.request_id)))
             if moves := self.offsets.committable():
-                await consumer.commit(moves)
+                try:
+                    await consumer.commit(moves)
+                except KafkaError as exc:  # the broker is away, or a rebalance took the partitions
+                    log.warning("commit failed (a later one covers these offsets): %r", exc)
 
     async def _accept(self, chat: wire.ChatRequest, owner: str | None) -> str | None:
         """Hand the request to the engine; its id if its start is still to come, else None."""
@@ -189,7 +255,7 @@ class WorkerService:
         log.warning("quarantining %s: worker %s died while running it", chat.request_id, owner)
         message = "a worker died while running this request; it is not run again"
         error = wire.Error.of(chat.request_id, ErrorCode.REQUEST_QUARANTINED, message)
-        await self._send(chat.edge_id, [error], {})
+        await self._tokens.send(chat.edge_id, [error], {})
 
     def announce_serving(self) -> None:
         """Serving once the group has given this worker its share of the partitions."""
@@ -201,7 +267,7 @@ class WorkerService:
         """Requests of partitions taken away before they started: their new owner runs them."""
         for request_id in request_ids:
             self._streams.active.pop(request_id, None)
-            self._thread.abort(request_id)
+            self._thread.drop(request_id)
 
     def _record_starts(self, request_ids: list[str]) -> None:
         """Engine thread: put the starts on the token path, and wait until Kafka has them."""
@@ -220,7 +286,7 @@ class WorkerService:
                 started = wire.Started(request_id, wire.OUT_OF_BAND, self.settings.name)
                 stream.log.append(started)
                 by_edge[stream.edge_id].append(started)
-        await asyncio.gather(*(self._send(edge, events, {}, wait=True) for edge, events in by_edge.items()))
+        await asyncio.gather(*(self._tokens.send(edge, events, {}, wait=True) for edge, events in by_edge.items()))
 
     # Control ------------------------------------------------------------------------------
     async def _consume_control(self, consumer: AIOKafkaConsumer) -> None:
@@ -229,7 +295,7 @@ class WorkerService:
             for records in batches.values():
                 for record in records:
                     try:
-                        message = wire.decode(record.value, wire.Control)
+                        _, message = self._seal.decode(record.topic, record.value, wire.Control)
                     except wire.WireError as exc:
                         await self._dead_letter(record, str(exc))
                         continue
@@ -265,12 +331,16 @@ class WorkerService:
         stream = self._streams.find(resume.request_id)
         if stream is None or resume.epoch <= stream.epoch:
             return  # another worker's, or an old message
+        if resume.old_edge_id and resume.old_conn_id:
+            # The socket it left may still be open: tell it now, not at its progress deadline.
+            moved = wire.Moved(resume.request_id, wire.OUT_OF_BAND, resume.old_conn_id, resume.epoch)
+            await self._tokens.send(resume.old_edge_id, [moved], {})
         stream.edge_id, stream.epoch = resume.edge_id, resume.epoch
         events = stream.replay_from(resume.from_seq)
         if events is None:
             message = f"last_seq {resume.from_seq - 1} is beyond the {stream.next_seq} events sent"
             events = [wire.Error.of(resume.request_id, ErrorCode.RESUME_REFUSED, message)]
-        await self._send(stream.edge_id, events, {resume.request_id: stream.epoch})
+        await self._tokens.send(stream.edge_id, events, {resume.request_id: stream.epoch})
 
     # Tokens out ---------------------------------------------------------------------------
     async def _publish_outputs(self) -> None:
@@ -291,19 +361,25 @@ class WorkerService:
             for edge_id, events in by_edge.items():
                 self.metrics.tokens.inc(sum(isinstance(e, wire.Token) for e in events))
                 self.metrics.batches.inc()
-                await self._send(edge_id, events, epochs[edge_id])
+                await self._tokens.send(edge_id, events, epochs[edge_id])
 
-    async def _send(self, edge_id: str, events: list[wire.Event], epochs: dict[str, int], wait: bool = False) -> None:
-        """One message per (edge, shard); see token_shards.py."""
-        batches = token_batches(edge_id, self.settings.name, events, epochs, self.settings.token_shards, time.time())
-        for key, batch in batches:
-            delivery = await self._producer.send(self.topics.tokens, wire.encode(batch), key=key)
-            if wait:
-                await delivery
-            else:
-                delivery.add_done_callback(_log_failed_send)
+    def _break_streams(self, request_ids: list[str]) -> None:
+        """Kafka lost some of these streams' events: they end here, and their edges are told (token_path.py)."""
+        by_edge: dict[str, dict[str, int]] = defaultdict(dict)
+        for request_id in request_ids:
+            stream = self._streams.active.get(request_id)
+            if stream is None:
+                continue
+            by_edge[stream.edge_id][request_id] = stream.epoch
+            self._streams.end(request_id)
+            self._thread.drop(request_id)
+            self.offsets.started(request_id)  # its start may be what was lost: it must not hold the offset
+        for edge_id, epochs in by_edge.items():
+            task = asyncio.create_task(self._tokens.tell_broken(edge_id, epochs, BROKEN_TELL_S))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
         self.metrics.dead_letters.inc()
-        await send_dead_letter(self._producer, self.topics.dead_letter, record, self.settings.name, reason)
+        await self._dead_letters.park(record, reason)
 

@@ -24,6 +24,8 @@ class EchoSettings(Section):
     """echo model: sleep per step, to imitate a model's pace"""
     crash_on: str = ""
     """echo model, fault tests only: the process dies on starting a request whose message is exactly this"""
+    max_running: int = 0
+    """echo model: requests run at once, the rest wait their turn as in a full batch; 0: no limit"""
 
 
 class WorkerSettings(ServiceSettings, ServedModel):
@@ -39,6 +41,8 @@ class WorkerSettings(ServiceSettings, ServedModel):
     """most requests taken from Kafka in one poll"""
     replay_retention_s: float = 60.0
     """how long a stream's events are kept to replay to a resuming client"""
+    drain_timeout_s: float = 20.0
+    """on SIGTERM, how long running streams may take to finish; those still running then end with worker_draining"""
     echo: EchoSettings = EchoSettings()
     engine: EngineSettings = EngineSettings()
     metrics: MetricsSettings = MetricsSettings()

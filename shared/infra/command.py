@@ -15,7 +15,8 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from shared.infra import kafka, redis_cluster
+from shared.infra import credentials, kafka, redis_cluster
+from shared.infra.acls import grant_roles
 from shared.infra.errors import InfraError, MissingPrerequisite
 from shared.infra.process import run_sync
 from shared.infra.settings import InfraSettings
@@ -50,6 +51,9 @@ def _redis_up(cfg: InfraSettings, report: Report) -> None:
 def up(cfg: InfraSettings, only: tuple[str, ...] = COMPONENTS, report: Report = _print) -> None:
     """Bring the chosen components up, side by side, and raise if any did not make it."""
     steps = {"kafka": _kafka_up, "redis": _redis_up}
+    if cfg.secure:
+        # Made here, before the two start side by side, so both use the same passwords.
+        credentials.load_or_create(cfg)
     # The broker's JVM start and the cluster's replica sync both wait on their own
     # processes, so running them together roughly halves a cold start.
     with ThreadPoolExecutor(max_workers=len(only), thread_name_prefix="infra-up") as pool:
@@ -74,11 +78,14 @@ def ensure_up(cfg: InfraSettings | None = None, report: Report = _quiet) -> Infr
 
 
 def create_topics(cfg: InfraSettings, layout: TopicLayout) -> None:
-    """The layout's topics on the broker, created or grown as needed (idempotent)."""
+    """The layout's topics on the broker, created or grown as needed (idempotent); on the
+    secure broker each role is granted what it needs on them."""
 
     async def create() -> None:
         async with kafka.open_admin(cfg) as admin:
             await ensure_topics(admin, layout.partitions())
+            if cfg.secure:
+                await grant_roles(admin, layout)
 
     run_sync(create)
 
@@ -108,6 +115,10 @@ def down(cfg: InfraSettings, only: tuple[str, ...], purge: bool, report: Report 
         if purge:
             shutil.rmtree(cfg.redis_dir, ignore_errors=True)
             report(f"redis: removed {cfg.redis_dir}")
+    if purge and cfg.secure and set(only) == set(COMPONENTS):
+        # Both stores are gone, so nothing uses these passwords any more.
+        shutil.rmtree(cfg.state_dir, ignore_errors=True)
+        report(f"secrets: removed {cfg.state_dir}")
 
 
 def status_lines(cfg: InfraSettings, only: tuple[str, ...]) -> tuple[bool, list[str]]:
@@ -138,6 +149,9 @@ def status_lines(cfg: InfraSettings, only: tuple[str, ...]) -> tuple[bool, list[
             f"redis  {'up' if r.ready else 'DOWN':4}  {span}  {redis_cluster.describe(r)}  "
             f"logs {cfg.redis_dir}/<port>/redis.log"
         )
+    if cfg.secure:
+        where = cfg.role_env_file("ROLE") if cfg.secrets_file.exists() else "none yet (`up --secure` makes them)"
+        lines.append(f"secrets  {cfg.secrets_file}; per role (admin, edge, worker, router): {where}")
     return all_up, lines
 
 

@@ -23,7 +23,10 @@ from pathlib import Path
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from shared.infra import credentials
+from shared.infra.acls import grant_roles
 from shared.infra.errors import InfraError, MissingPrerequisite
+from shared.infra.permissions import Role
 from shared.infra.process import log_tail, port_open, run_sync
 from shared.infra.settings import COMPOSE_LOCAL_DIR, InfraSettings
 from shared.infra.topics import TopicPlan, describe_partitions, prepare_broker
@@ -86,16 +89,37 @@ def fetch_jars(cfg: InfraSettings, report: Report) -> float:
     return elapsed
 
 
-def server_properties(cfg: InfraSettings) -> str:
-    """The broker's configuration, from the template beside the POM."""
+def server_properties(cfg: InfraSettings, secrets: credentials.InfraSecrets | None = None) -> str:
+    """The broker's configuration, from the templates beside the POM (secure: with passwords)."""
     template = string.Template((COMPOSE_LOCAL_DIR / "kafka-server.properties").read_text())
-    return template.substitute(
+    text = template.substitute(
+        protocol="SASL_PLAINTEXT" if cfg.secure else "PLAINTEXT",
         host=cfg.kafka_host,
         port=cfg.kafka_port,
         controller_port=cfg.kafka_controller_port,
         data_dir=cfg.kafka_data_dir,
         offsets_partitions=cfg.kafka_offsets_partitions,
     )
+    if not cfg.secure:
+        return text
+    if secrets is None:
+        raise InfraError("the secure broker's configuration needs its secrets")
+    security = string.Template((COMPOSE_LOCAL_DIR / "kafka-security.properties").read_text())
+    return text + "\n" + security.substitute(
+        admin_password=secrets.kafka[Role.ADMIN], controller_password=secrets.controller
+    )
+
+
+def client_auth(cfg: InfraSettings) -> dict[str, str]:
+    """aiokafka keyword arguments that log the infra code in: none, or the admin user."""
+    if not cfg.secure:
+        return {}
+    return {
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": str(Role.ADMIN),
+        "sasl_plain_password": credentials.require(cfg).kafka[Role.ADMIN],
+    }
 
 
 def new_cluster_id() -> str:
@@ -117,6 +141,14 @@ def _java_command(cfg: InfraSettings, java: str, main: str, *args: str) -> list[
     ]  # fmt: skip
 
 
+def scram_arguments(secrets: credentials.InfraSecrets) -> list[str]:
+    """`--add-scram` per user: KRaft has no other way to hold SCRAM users before it starts."""
+    args: list[str] = []
+    for role, password in secrets.kafka.items():
+        args += ["--add-scram", f"SCRAM-SHA-512=[name={role},password={password}]"]
+    return args
+
+
 def format_storage(cfg: InfraSettings, java: str, report: Report) -> None:
     """Format the KRaft log directory once; a formatted one is left as it is."""
     if (cfg.kafka_data_dir / "meta.properties").exists():
@@ -126,6 +158,7 @@ def format_storage(cfg: InfraSettings, java: str, report: Report) -> None:
     command = _java_command(
         cfg, java, "kafka.tools.StorageTool",
         "format", "--standalone", "-t", cluster_id, "-c", str(cfg.kafka_properties_file),
+        *(scram_arguments(credentials.require(cfg)) if cfg.secure else []),
     )  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
@@ -204,7 +237,7 @@ async def open_admin(
 ) -> AsyncIterator[AIOKafkaAdminClient]:
     """An admin client whose start and requests give up after `timeout_s`."""
     admin = AIOKafkaAdminClient(
-        bootstrap_servers=cfg.kafka_bootstrap, request_timeout_ms=int(timeout_s * 1000)
+        bootstrap_servers=cfg.kafka_bootstrap, request_timeout_ms=int(timeout_s * 1000), **client_auth(cfg)
     )
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
@@ -232,6 +265,8 @@ def probe(
     first); otherwise the project topics' partition counts, if asked for."""
     if not port_open(cfg.kafka_host, cfg.kafka_port):
         return None
+    if cfg.secure and credentials.load(cfg) is None:
+        return None  # not ours: it cannot be asked without the admin's password
     return run_sync(lambda: _probe(cfg, timeout_s, with_topics))
 
 
@@ -260,11 +295,15 @@ def wait_ready(cfg: InfraSettings, pid: int | None) -> float:
 
 
 def prepare_topics(cfg: InfraSettings) -> TopicPlan:
-    """Create or grow the project topics and make the group coordinator ready."""
+    """Create or grow the project topics (secure: grant the roles on them) and make the
+    group coordinator ready."""
 
     async def prepare() -> TopicPlan:
         async with open_admin(cfg) as admin:
-            return await prepare_broker(admin, cfg.topics.partitions())
+            plan = await prepare_broker(admin, cfg.topics.partitions())
+            if cfg.secure:
+                await grant_roles(admin, cfg.topics)
+            return plan
 
     return run_sync(prepare)
 
@@ -298,7 +337,8 @@ def up(cfg: InfraSettings, report: Report) -> KafkaStatus:
             if port_open(cfg.kafka_host, port):
                 raise InfraError(f"{cfg.kafka_host}:{port} is taken by another program")
         cfg.kafka_dir.mkdir(parents=True, exist_ok=True)
-        cfg.kafka_properties_file.write_text(server_properties(cfg))
+        found = credentials.require(cfg) if cfg.secure else None
+        credentials.write_private(cfg.kafka_properties_file, server_properties(cfg, found))
         format_storage(cfg, java, report)
         pid = start_broker(cfg, java)
         report(f"kafka: started broker (pid {pid}), log {cfg.kafka_log_file}")

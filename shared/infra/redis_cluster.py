@@ -20,7 +20,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from shared.infra import credentials
 from shared.infra.errors import InfraError, MissingPrerequisite
+from shared.infra.permissions import Role, redis_acl_file
 from shared.infra.process import log_tail
 from shared.infra.settings import InfraSettings
 
@@ -59,12 +61,21 @@ def find_redis(report: Report) -> tuple[str, str]:
     return server, cli
 
 
+def _admin_auth(cfg: InfraSettings) -> dict[str, str]:
+    """redis-py keyword arguments that log the infra code in: none, or the admin user."""
+    if not cfg.secure:
+        return {}
+    found = credentials.load(cfg)
+    # Without secrets the nodes (if any) are not ours; asking as nobody reads as "down".
+    return {"username": str(Role.ADMIN), "password": found.redis[Role.ADMIN]} if found else {}
+
+
 def _client(cfg: InfraSettings, port: int) -> redis.Redis:
     # No retries: a refused connection must answer "down" at once, not after
     # redis-py's default backoff (seconds per node).
     return redis.Redis(
         host=cfg.redis_host, port=port, socket_timeout=2.0, socket_connect_timeout=1.0,
-        retry=Retry(NoBackoff(), 0), decode_responses=True,
+        retry=Retry(NoBackoff(), 0), decode_responses=True, **_admin_auth(cfg),
     )  # fmt: skip
 
 
@@ -158,11 +169,25 @@ def status(cfg: InfraSettings) -> RedisStatus:
     return RedisStatus(nodes, expected_masters=masters, replicas_per_master=cfg.redis_replicas)
 
 
+def secure_node_config(cfg: InfraSettings, port: int) -> list[str]:
+    """A secure node's ACL file and replication login, written beside its data.
+
+    The config file, not the command line, holds masterauth: `ps` shows command lines.
+    """
+    found = credentials.require(cfg)
+    node_dir = cfg.redis_node_dir(port)
+    acl_file, conf = node_dir / "users.acl", node_dir / "secure.conf"
+    credentials.write_private(acl_file, redis_acl_file(found.redis_sha256()))
+    lines = [f"aclfile {acl_file}", f"masteruser {Role.ADMIN}", f"masterauth {found.redis[Role.ADMIN]}"]
+    credentials.write_private(conf, "\n".join(lines) + "\n")
+    return [str(conf)]
+
+
 def start_node(cfg: InfraSettings, port: int, server: str) -> None:
     node_dir = cfg.redis_node_dir(port)
     node_dir.mkdir(parents=True, exist_ok=True)
     command = [
-        server, "--port", str(port), "--bind", cfg.redis_host,
+        server, *(secure_node_config(cfg, port) if cfg.secure else []), "--port", str(port), "--bind", cfg.redis_host,
         "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
         "--cluster-node-timeout", str(cfg.redis_node_timeout_ms),
         "--dir", str(node_dir), "--daemonize", "yes",
@@ -199,8 +224,13 @@ def create_cluster(cfg: InfraSettings, cli: str, report: Report) -> None:
     report(f"redis: forming the cluster ({cfg.redis_replicas} replica per master)")
     command = [cli, "--cluster", "create", *addresses,
                "--cluster-replicas", str(cfg.redis_replicas), "--cluster-yes"]  # fmt: skip
+    env = None
+    if cfg.secure:
+        # redis-cli reads the password from REDISCLI_AUTH, out of sight of `ps`.
+        command += ["--user", str(Role.ADMIN)]
+        env = {**os.environ, "REDISCLI_AUTH": credentials.require(cfg).redis[Role.ADMIN]}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     except subprocess.TimeoutExpired as exc:
         raise InfraError("`redis-cli --cluster create` took over 120 s") from exc
     if done.returncode != 0 or "[OK]" not in done.stdout:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import field_validator, model_validator
+from pydantic import TypeAdapter, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from shared.settings import Settings
@@ -21,6 +21,10 @@ COMPOSE_LOCAL_DIR = REPO_ROOT / "compose" / "local"
 LOCAL_HOST = "127.0.0.1"
 LOCAL_KAFKA_PORT = 9092
 LOCAL_REDIS_PORTS = (7000, 7001, 7002, 7003, 7004, 7005)
+# The secure infrastructure runs beside the plain one, so it has ports of its own.
+SECURE_KAFKA_PORT = 9192
+SECURE_KAFKA_CONTROLLER_PORT = 9193
+SECURE_REDIS_PORTS = (7100, 7101, 7102, 7103, 7104, 7105)
 
 
 class InfraSettings(Settings):
@@ -28,6 +32,8 @@ class InfraSettings(Settings):
 
     infra_dir: Path = REPO_ROOT / ".infra"
     """root of all state: cached jars, broker and Redis data, pid and log files"""
+    secure: bool = False
+    """the secure infrastructure instead: Kafka SASL/SCRAM with ACLs per role, Redis ACL users, generated passwords; its state lives in INFRA_DIR/secure and its ports default to 9192/9193 and 7100-7105, so it runs beside the plain one"""
     kafka_version: str = "4.1.1"
     """org.apache.kafka:kafka_2.13 version fetched from Maven Central"""
     log4j_version: str = "2.24.3"
@@ -59,6 +65,19 @@ class InfraSettings(Settings):
     download_timeout_s: float = 900.0
     """upper bound on the one-time Maven download of the Kafka jars"""
     topics: TopicLayout = TopicLayout()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secure_ports(cls, data: object) -> object:
+        """Secure mode moves the ports that were not given, so both modes can run at once."""
+        if not isinstance(data, dict) or not TypeAdapter(bool).validate_python(data.get("secure", False)):
+            return data
+        defaults = {
+            "kafka_port": SECURE_KAFKA_PORT,
+            "kafka_controller_port": SECURE_KAFKA_CONTROLLER_PORT,
+            "redis_ports": SECURE_REDIS_PORTS,
+        }
+        return {**defaults, **data}
 
     @field_validator("infra_dir")
     @classmethod
@@ -95,8 +114,22 @@ class InfraSettings(Settings):
         return [(self.redis_host, port) for port in self.redis_ports]
 
     @property
+    def state_dir(self) -> Path:
+        """Where this mode keeps its data; the jars under infra_dir/jars serve both modes."""
+        return self.infra_dir / "secure" if self.secure else self.infra_dir
+
+    @property
+    def secrets_file(self) -> Path:
+        """The generated passwords of the secure mode (JSON, readable by its owner only)."""
+        return self.state_dir / "secrets.json"
+
+    def role_env_file(self, role: str) -> Path:
+        """DRIVETRAIN_* lines that give one role's service its secure addresses and credentials."""
+        return self.state_dir / "env" / f"{role}.env"
+
+    @property
     def kafka_dir(self) -> Path:
-        return self.infra_dir / "kafka"
+        return self.state_dir / "kafka"
 
     @property
     def kafka_lib_dir(self) -> Path:
@@ -121,7 +154,7 @@ class InfraSettings(Settings):
 
     @property
     def redis_dir(self) -> Path:
-        return self.infra_dir / "redis"
+        return self.state_dir / "redis"
 
     def redis_node_dir(self, port: int) -> Path:
         return self.redis_dir / str(port)

@@ -15,6 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.errors import KafkaError
 
 from shared.infra.errors import InfraError
+from shared.topics import TOPIC_CONFIGS
 
 UNKNOWN_TOPIC_OR_PARTITION = 3
 TOPIC_ALREADY_EXISTS = 36
@@ -78,7 +79,7 @@ async def ensure_topics(
     plan = plan_topics(existing, wanted)
     if plan.create:
         response = await admin.create_topics(
-            [NewTopic(name, n, REPLICATION_FACTOR) for name, n in plan.create.items()]
+            [NewTopic(name, n, REPLICATION_FACTOR, topic_configs=TOPIC_CONFIGS) for name, n in plan.create.items()]
         )
         for name, code, message in response.topic_errors:
             # Another `up` racing this one may have created it first: that is fine.

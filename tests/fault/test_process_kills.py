@@ -67,5 +67,5 @@ async def test_poison_request_is_quarantined_not_rerun(make_fleet, infra, topics
             assert (await sock.collect("ok", timeout=20)).text == "still serving"
         finally:
             await sock.close()
-        tokens = [e for v in await tap.records(1.0) for e in wire.decode(v, wire.TokenBatch).events]
+        tokens = [e for batch in await tap.messages(wire.TokenBatch, 1.0) for e in batch.events]
     assert not [e for e in tokens if e.request_id == request_id and isinstance(e, wire.Token)]

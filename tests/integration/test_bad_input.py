@@ -96,7 +96,7 @@ async def test_prompt_too_long_never_reaches_kafka(echo_fleet, topics, infra):
             await sock.collect("short")
         finally:
             await sock.close()
-        seen = [wire.decode(v, wire.ChatRequest).request_id for v in await tap.records(2.0)]
+        seen = [request.request_id for request in await tap.messages(wire.ChatRequest, 2.0)]
     assert seen == [accepted["request_id"]]
 
 

@@ -11,12 +11,13 @@ from redis.exceptions import ResponseError
 
 from shared.redis_batcher import RedisBatcher
 from shared.redis_client import make_cluster
+from shared.service_settings import RedisSettings
 
 
 @pytest.fixture
 async def counted(infra):
     """The cluster client, counting the pipelines opened on it."""
-    redis = make_cluster(infra.redis_startup_nodes())
+    redis = make_cluster(RedisSettings(nodes=f"{infra.redis_host}:{infra.redis_ports[0]}"))
     redis.pipelines_opened = 0
     open_pipeline = redis.pipeline
 

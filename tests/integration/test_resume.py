@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from shared.chat_client import ChatSocket
@@ -84,3 +86,42 @@ async def test_resume_ahead_of_the_stream_is_refused(echo_fleet):
     finally:
         await sock.close()
     assert answer["type"] == "error" and answer["code"] == "resume_refused"
+
+
+@pytest.mark.parametrize("other_edge", [False, True], ids=["same-edge", "other-edge"])
+async def test_resuming_a_stream_still_attached_elsewhere_tells_the_first_socket_at_once(echo_fleet, other_edge):
+    first = await ChatSocket.open(echo_fleet.spec.chat_url(0))
+    second = None
+    try:
+        await first.chat("c1", TEXT, max_tokens=400)
+        accepted = await first.next_frame("c1")
+        assert (await first.next_frame("c1"))["type"] == "token"
+        second, resumed = await resume(echo_fleet.spec.chat_url(1 if other_edge else 0), accepted, last_seq=0)
+        assert resumed["type"] == "resumed"
+        started = time.monotonic()
+        lost = await first.collect("c1", timeout=10)
+        assert lost.final["type"] == "error" and lost.final["code"] == "stream_moved", lost.final
+        assert lost.final["retryable"] is False and time.monotonic() - started < 3.0
+        rest = await second.collect("again", timeout=30)
+        assert rest.final["type"] == "done" and rest.final["finish_reason"] == "stop"
+        assert rest.text == TEXT[len("w0 "):]  # everything after seq 0, once
+        await first.chat("next", "the first socket still works")
+        assert (await first.collect("next")).text == "the first socket still works"
+    finally:
+        await first.close()
+        if second is not None:
+            await second.close()
+
+
+async def test_cancel_after_resume_ends_the_stream_at_once(echo_fleet):
+    accepted, _ = await start_and_drop(echo_fleet.spec.chat_url(0), 2)
+    sock, resumed = await resume(echo_fleet.spec.chat_url(1), accepted, last_seq=1)
+    try:
+        assert resumed["type"] == "resumed"
+        assert (await sock.next_frame("again"))["type"] == "token"
+        await sock.send({"type": "cancel", "id": "again"})
+        rest = await sock.collect("again", timeout=10)
+    finally:
+        await sock.close()
+    assert rest.final["type"] == "done" and rest.final["finish_reason"] == "cancelled", rest.final
+    assert len(rest.tokens) < 100  # at 5 ms a token, a cancel ignored would run all 400

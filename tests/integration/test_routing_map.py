@@ -7,10 +7,11 @@ import uuid
 
 from shared.redis_client import make_cluster
 from shared.routing_map import Route, RoutingMap
+from shared.service_settings import RedisSettings
 
 
 async def test_a_burst_of_routes_is_written_in_few_pipelines_and_read_back(infra):
-    redis = make_cluster(infra.redis_startup_nodes())
+    redis = make_cluster(RedisSettings(nodes=f"{infra.redis_host}:{infra.redis_ports[0]}"))
     pipelines = 0
     open_pipeline = redis.pipeline
 
@@ -33,7 +34,7 @@ async def test_a_burst_of_routes_is_written_in_few_pipelines_and_read_back(infra
         assert not await fresh.check_resume(ids[0], "other-tenant", "secret")
         await asyncio.gather(*(routes.delete(rid) for rid in ids[:100]))
         assert set(await RoutingMap(redis).get_many(ids)) == set(ids[100:])
-        assert await routes.move(ids[150], "edge-y", "conn-new") == 1
+        assert await routes.move(ids[150], "edge-y", "conn-new") == (1, Route("edge-x", "conn-150", 0))
         assert (await RoutingMap(redis).get_many([ids[150]]))[ids[150]] == Route("edge-y", "conn-new", 1)
     finally:
         await redis.aclose()

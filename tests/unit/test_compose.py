@@ -72,3 +72,24 @@ def test_every_service_is_health_checked_on_its_own_endpoint():
         port = env.get("DRIVETRAIN_PORT") if cls is EdgeSettings else env.get("DRIVETRAIN_METRICS_PORT")
         assert port, f"{name} serves no /healthz"
         assert service["healthcheck"]["test"][-1] == f"http://127.0.0.1:{port}/healthz", name
+
+
+SECURE = yaml.safe_load((Path(__file__).parents[2] / "compose" / "docker-compose.secure.yml").read_text())
+
+
+def test_secure_overlay_logs_each_role_in_as_itself_with_secrets_from_the_env_file():
+    for name, service, cls in drivetrain_services():
+        env = SECURE["services"][name]["environment"]
+        role = service["command"][0]
+        assert set(env) <= {doc.env for doc in setting_docs(cls)}, name
+        assert env["DRIVETRAIN_KAFKA_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT"
+        assert env["DRIVETRAIN_KAFKA_USERNAME"] == env["DRIVETRAIN_REDIS_USERNAME"] == role
+        for key in ("DRIVETRAIN_KAFKA_PASSWORD", "DRIVETRAIN_REDIS_PASSWORD"):
+            assert env[key].startswith("${") and env[key].endswith(":?set in compose/secure.env}"), (name, key)
+
+
+def test_secure_overlay_secures_every_redis_node_and_the_broker():
+    redis_nodes = [name for name in SERVICES if name.startswith("redis-") and name != "redis-init"]
+    assert redis_nodes and all(SECURE["services"][n]["command"] == ["/secure/redis-start.sh"] for n in redis_nodes)
+    assert SECURE["services"]["kafka"]["entrypoint"] == ["/secure/kafka-start.sh"]
+    assert "--user admin" in SECURE["services"]["redis-init"]["command"]

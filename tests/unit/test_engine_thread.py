@@ -69,6 +69,21 @@ async def test_commands_apply_in_order_and_outputs_come_back_on_the_loop():
         thread.stop()
 
 
+async def test_a_dropped_request_ends_without_a_word_and_may_come_again():
+    # A request handed back in a rebalance, then handed to this worker again: the drop must not
+    # answer `cancelled`, or that answer would end the request's second arrival.
+    thread, got = await running(EchoEngine(delay_ms=5))
+    try:
+        thread.add(request("a", "one two three four five six"))
+        thread.drop("a")
+        thread.add(request("a", "again"))
+        await got.until(lambda: got.finished("a"))
+        assert [o.finish_reason for o in got.of("a") if o.finished] == ["stop"]
+        assert "".join(o.text for o in got.of("a")) == "again"
+    finally:
+        thread.stop()
+
+
 async def test_a_rejected_request_fails_alone():
     thread, got = await running(EchoEngine(context=3))
     try:

@@ -83,3 +83,43 @@ def test_event_frames():
     }
     error = sent(wire.Error("r", 0, "worker_lost", "gone", True))
     assert error == {"type": "error", "id": "c1", "code": "worker_lost", "message": "gone", "retryable": True}
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [900, 1000, 5000, 200_000])
+def test_deep_nesting_is_invalid_json_or_message_never_a_recursion_error(depth):
+    assert error_of(nested(depth)).code in ("invalid_json", "invalid_message")
+    in_a_field = chat()[:-1] + ', "conversation": ' + nested(depth) + "}"
+    assert error_of(in_a_field).code in ("invalid_json", "invalid_message")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"max_tokens": 10**30},
+        {"max_tokens": 2**31},
+        {"seed": 2**70},
+        {"seed": 2**63},
+        {"seed": -(2**63) - 1},
+    ],
+)
+def test_integers_the_wire_cannot_carry_are_invalid_messages(fields):
+    error = error_of(chat(**fields))
+    assert (error.code, error.chat_id) == ("invalid_message", "c1")
+
+
+@pytest.mark.parametrize("fields", [{"max_tokens": 2**31 - 1}, {"seed": 2**63 - 1}, {"seed": -(2**63)}])
+def test_integers_at_the_edge_of_their_range_reach_the_wire(fields):
+    frame = parse_client_frame(chat(**fields))
+    request = wire.ChatRequest("r", "e", "c", "t", [wire.Message("user", "Hi")], max_tokens=frame.max_tokens, seed=frame.seed)
+    assert wire.decode(wire.encode(request), wire.ChatRequest) == request
+
+
+@pytest.mark.parametrize("last_seq", [2**64, 2**31, -2])
+def test_resume_point_outside_any_stream_is_invalid(last_seq):
+    text = json.dumps({"type": "resume", "id": "c1", "request_id": "r", "resume_token": "t", "last_seq": last_seq})
+    error = error_of(text)
+    assert (error.code, error.chat_id) == ("invalid_message", "c1")
