@@ -35,7 +35,7 @@ async def serve_edge(settings: EdgeSettings, health: Health, stopping: asyncio.E
     await producer.start()
     service = EdgeService(settings, producer, redis, limit, health=health)
     internal = settings.internal
-    link = await asyncio.start_server(service.serve_router, internal.host, internal.port)
+    link = await asyncio.start_server(service.router_links.serve, internal.host, internal.port)
     server = QuietServer(
         uvicorn.Config(
             build_app(service),

@@ -38,15 +38,14 @@ from services.edge.protocol import (
     ResumeFrame,
     parse_client_frame,
 )
+from services.edge.router_link import RefusalLog, RouterLinkServer
 from services.edge.settings import EdgeSettings
 from shared import wire
 from shared.codes import ErrorCode
-from shared.framing import accept_router, read_frame
 from shared.health import Health
 from shared.link_auth import LinkKeys
 from shared.models.prompt_length import PromptLimit
 from shared.producer import Producer
-from shared.rate_limits import LogThrottle, Rate, held_back
 from shared.routing_map import Route, RoutingMap
 from shared.seal import Seal
 
@@ -56,8 +55,6 @@ REFUSED_RESUME = "no resumable stream matches this request id and token"
 DRAINING = "this edge is stopping; reconnect (to another edge) and retry"
 WORKER_LEFT_GRACE_S = 2.0  # a worker that left in good order sent its streams' endings first: let them arrive
 DRAIN_POLL_S = 0.1
-LINK_HANDSHAKE_TIMEOUT_S = 2.0
-LINK_LOG_RATE = Rate(per_s=1.0, burst=10)  # whoever reaches the router port must not fill the log
 
 
 @dataclass(frozen=True)
@@ -86,8 +83,10 @@ class EdgeService:
         self.topics = settings.topics
         self._producer = producer
         self._seal = Seal(settings.fleet_secret, settings.edge_id)
-        self._link_keys = LinkKeys(settings.fleet_secret)
-        self._link_log = LogThrottle(LINK_LOG_RATE, time.monotonic())
+        self._refused_event = RefusalLog(self.metrics.link_refusals)
+        self.router_links = RouterLinkServer(
+            LinkKeys(settings.fleet_secret), settings.edge_id, self.deliver, self._refused_event
+        )
         self._routes = RoutingMap(redis)
         self._prompt_limit = prompt_limit
         self._deadlines = Deadlines(settings.progress_timeout_s, settings.start_timeout_s)
@@ -298,41 +297,6 @@ class EdgeService:
                     await self._cancel_by_epoch(expired)
 
     # Router side ---------------------------------------------------------------------
-    async def serve_router(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One router's persistent link: a handshake that proves it holds the fleet secret, then
-        MAC'd frames of deliveries until it closes. A peer that fails the handshake or sends a
-        frame that does not verify is cut off; one bad delivery inside a good frame is skipped."""
-        peer = writer.get_extra_info("peername")
-        try:
-            router_id, frames = await accept_router(
-                reader, writer, self._link_keys, self.settings.edge_id, LINK_HANDSHAKE_TIMEOUT_S
-            )
-            while True:
-                payload = frames.open(await read_frame(reader))
-                try:
-                    batch = wire.decode(payload, wire.ForwardBatch)
-                except wire.WireError as exc:
-                    self._warn_link("router %s sent a malformed frame: %s", router_id, exc)
-                    continue
-                self.deliver(batch.deliveries)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the router went away
-        except (ValueError, TimeoutError) as exc:  # LinkRefused, FrameTooLarge, no handshake in time
-            self._warn_link("router link from %s refused: %s", peer, exc or "no handshake in time")
-        except asyncio.CancelledError:
-            # The edge is stopping. Nobody awaits this task, and asyncio's server would log its
-            # cancellation as an error with a traceback: end quietly instead.
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-
-    def _warn_link(self, message: str, *args: object) -> None:
-        self.metrics.link_refusals.inc()
-        if (held := self._link_log.admit(time.monotonic())) is not None:
-            log.warning(message + "%s", *args, held_back(held))
-
     def deliver(self, deliveries: list[wire.Delivery]) -> None:
         for delivery in deliveries:
             conn = self._connections.get(delivery.conn_id)
@@ -349,7 +313,7 @@ class EdgeService:
         if delivered is None:
             return
         if delivered.foreign:
-            self._warn_link("dropped an event of %s from worker %s, which does not run it", event.request_id, worker_id)
+            self._refused_event("dropped an event of %s from worker %s, which does not run it", event.request_id, worker_id)
             return
         self.metrics.observe(delivered)
         if delivered.sent and delivered.chat.order.finished:

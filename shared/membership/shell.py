@@ -180,8 +180,11 @@ class Membership:
             delay = min(max(node.next_deadline() - now, 0.0), MAX_SLEEP)
             self._sleep_until = now + delay
             self._wake.clear()
+            # asyncio.timeout, not wait_for: on 3.11, wait_for with a zero timeout can swallow
+            # the cancellation `close` sends, and the loop would outlive its membership.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
             try:
                 self._deliver(node.on_tick(self._clock()))
             except Exception:

@@ -28,6 +28,8 @@ class AntiEntropy:
         self.next_resync = now + config.resync_interval
 
     def next_deadline(self) -> float:
+        if self.table.leaving:
+            return float("inf")  # `step` does nothing more: a deadline left in the past would spin the loop
         return min(self.next_push_pull, self.next_resync)
 
     def join(self, seeds: Sequence[Address], own: Address, now: float) -> None:

@@ -168,3 +168,11 @@ def test_simulation_is_deterministic_for_a_seed():
 
     assert trace(11) == trace(11)
     assert trace(11) != trace(12)
+
+
+def test_a_leaving_member_has_nothing_due_once_its_goodbye_is_out():
+    sim = converged_cluster(n=4, seed=12)
+    node = sim.nodes["m1"]
+    sim.leave("m1", grace=5.0)
+    sim.run_for(2.0)  # past every sync deadline it had: none may stay due, or its loop would spin
+    assert node.next_deadline() > sim.now
