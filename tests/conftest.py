@@ -31,7 +31,8 @@ from shared.topics import TopicLayout  # noqa: E402
 TEST_PORT = int(os.environ.get("DRIVETRAIN_TEST_BASE_PORT", "18080"))
 RESUME_GRACE_S = 2.0  # short, so tests of a dropped socket need not wait long
 # Test fleets keep the local profile's fleet secret: with it a test reads sealed records (or forges them).
-FLEET_SEAL = Seal(MembershipSettings().secret_bytes, "test")
+FLEET_SECRET = MembershipSettings().secret_bytes
+FLEET_SEAL = Seal(FLEET_SECRET, "test")
 
 
 @pytest.fixture(scope="session")

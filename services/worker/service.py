@@ -96,7 +96,8 @@ class WorkerService:
         self._routes = routes
         self._is_alive = is_alive
         self._streams = StreamRegistry(grace_s=settings.replay_retention_s)
-        self._cancelled: TTLCache[str, int] = TTLCache(maxsize=100_000, ttl=CANCELLED_MEMORY_S)
+        # Cancels that came before their request: request id -> the edge that sent it.
+        self._cancelled: TTLCache[str, str] = TTLCache(maxsize=100_000, ttl=CANCELLED_MEMORY_S)
         self._outbox: asyncio.Queue[list[EngineOutput]] = asyncio.Queue()
         self._producer: Producer | None = None
         self._thread: EngineThread | None = None
@@ -221,7 +222,7 @@ class WorkerService:
         """Hand the request to the engine; its id if its start is still to come, else None."""
         if chat.request_id in self._streams.active:
             return None  # delivered twice after a rebalance: ours already
-        if self._cancelled.pop(chat.request_id, None) is not None:
+        if self._cancelled.pop(chat.request_id, None) == chat.edge_id:
             self._streams.open(chat.request_id, chat.edge_id)
             self._outbox.put_nowait([EngineOutput(chat.request_id, finish_reason=FinishReason.CANCELLED, usage=Usage(0, 0, 0))])
             return None
@@ -295,21 +296,22 @@ class WorkerService:
             for records in batches.values():
                 for record in records:
                     try:
-                        _, message = self._seal.decode(record.topic, record.value, wire.Control)
+                        sender, message = self._seal.decode(record.topic, record.value, wire.Control)
                     except wire.WireError as exc:
                         await self._dead_letter(record, str(exc))
                         continue
                     if isinstance(message, wire.Cancel):
-                        self._cancel(message)
+                        self._cancel(message, sender)
                     else:
                         await self._resume(message)
 
-    def _cancel(self, cancel: wire.Cancel) -> None:
+    def _cancel(self, cancel: wire.Cancel, sender: str) -> None:
+        """Only the edge that holds a stream may cancel it, at the epoch it holds it at."""
         for request_id in cancel.request_ids:
             stream = self._streams.active.get(request_id)
             if stream is None:
-                self._cancelled[request_id] = cancel.epoch
-            elif stream.epoch <= cancel.epoch:  # else it was resumed elsewhere since
+                self._cancelled[request_id] = sender
+            elif stream.edge_id == sender and stream.epoch <= cancel.epoch:  # else it moved since
                 self._thread.abort(request_id)
 
     def cancel_edge(self, edge_id: str) -> None:

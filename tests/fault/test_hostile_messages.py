@@ -19,7 +19,7 @@ from shared.redis_client import make_cluster
 from shared.routing_map import claim_key, route_key
 from shared.seal import Seal
 from shared.service_settings import RedisSettings
-from tests.conftest import FLEET_SEAL, KafkaTap
+from tests.conftest import FLEET_SEAL, FLEET_SECRET, KafkaTap
 from tests.fault.conftest import finish, intact, start_streams
 
 CONSUMERS = ("router-0", "router-1", "worker-0", "worker-1")
@@ -123,6 +123,8 @@ async def test_forged_tokens_and_cancels_on_kafka_never_reach_a_stream(make_flee
     await produce(infra.kafka_bootstrap, topics.control, {
         "bare cancel": wire.encode(wire.Cancel([rid])),
         "wrong secret cancel": Seal(b"guess", "edge-0").encode(topics.control, wire.Cancel([rid])),
+        # A member, but not the edge holding the stream: only that edge may cancel it.
+        "another edge's cancel": Seal(FLEET_SECRET, "edge-9").encode(topics.control, wire.Cancel([rid])),
     })
     (result,) = await finish([sock])
     assert intact(result), result.final
