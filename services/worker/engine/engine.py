@@ -19,8 +19,9 @@ from services.worker.engine.settings import (
     GPU_MAX_BATCH_TOKENS,
     EngineSettings,
 )
-from services.worker.engine.tenant_order import TenantOrder
+from services.worker.engine.tenant_order import FCFS, TenantOrder
 from services.worker.engine.types import EngineLoad, FinishReason, StartListener
+from services.worker.engine.vtc import VirtualTokenCounters, VTCCosts
 from shared.models.spec import context_length
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,13 @@ class RequestUpdate:
     error: str | None = None  # why the request failed, when it failed alone
 
 
+def waiting_order(settings: EngineSettings) -> TenantOrder:
+    if settings.fair_share == "fcfs":
+        return FCFS()
+    costs = VTCCosts(w_out=settings.vtc_output_weight, w_cached=settings.vtc_cached_weight, weights=settings.weights())
+    return VirtualTokenCounters(costs)
+
+
 class Engine:
     def __init__(
         self,
@@ -76,7 +84,7 @@ class Engine:
         self.runner = runner_cls(model, runner_config)
         pool = BlockPool(self.runner.num_blocks, settings.block_size, enable_caching=settings.enable_prefix_caching)
         self.kv_cache_manager = KVCacheManager(pool, scheduler_config.max_model_len)
-        self.scheduler = Scheduler(scheduler_config, self.kv_cache_manager, tenant_order)
+        self.scheduler = Scheduler(scheduler_config, self.kv_cache_manager, tenant_order or waiting_order(settings))
         eos = model.config.eos_token_ids if eos_token_ids is None else eos_token_ids
         self.eos_token_ids = frozenset(eos)
         self.start_listener: StartListener | None = None

@@ -257,6 +257,7 @@ class Scheduler:
                 break
             self.waiting.remove(request.request_id)
             self._admit(request, num_hit)
+            self.waiting.on_admitted(request, num_hit)
             plan.add(request, num_new)
             plan.num_new_prefills += 1
         # A static batch takes whatever waits (up to the caps) and then closes; it

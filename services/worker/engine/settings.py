@@ -6,7 +6,7 @@ fields. Torch-free: the `drivetrain` command reads it in every process, edges in
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
@@ -43,3 +43,15 @@ class EngineSettings:
     """benchmark baseline only: admit a batch, then nothing new until all of it finished"""
     cuda_graphs: bool = True
     """GPU: replay decode steps as captured CUDA graphs"""
+    fair_share: Literal["vtc", "fcfs"] = "vtc"
+    """order of waiting requests: weighted virtual token counters between tenants (vtc), or arrival order (fcfs)"""
+    vtc_output_weight: Annotated[float, Field(ge=0.0)] = 2.0
+    """vtc: cost of a generated token, against 1 for a prompt token computed"""
+    vtc_cached_weight: Annotated[float, Field(ge=0.0)] = 0.1
+    """vtc: cost of a prompt token read from the prefix cache, against 1 for one computed"""
+    tenant_weights: Annotated[str, Field(pattern=r"^(\s*[^:,\s]+\s*:\s*\d+(\.\d+)?\s*(,|$))*$")] = ""
+    """vtc: share weights, tenant:weight[,tenant:weight]; a tenant not listed weighs 1"""
+
+    def weights(self) -> dict[str, float]:
+        pairs = (item.split(":") for item in self.tenant_weights.split(",") if item.strip())
+        return {tenant.strip(): float(weight) for tenant, weight in pairs}

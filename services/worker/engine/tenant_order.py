@@ -48,6 +48,9 @@ class TenantOrder(abc.ABC):
     def __contains__(self, request_id: object) -> bool:
         return any(request.request_id == request_id for request in self)
 
+    def on_admitted(self, request: Request, num_cached: int) -> None:
+        """The request left the queue for the running batch, `num_cached` of its tokens from the prefix cache."""
+
     def on_scheduled(self, request: Request, num_tokens: int) -> None:
         """Charge `num_tokens` computed this step to the request's tenant (no-op by default)."""
 
