@@ -71,6 +71,28 @@ def test_chat_streams_text_and_reports_usage_with_cached_tokens(llm: LLMEngine) 
     assert llm.request_ids() == []
 
 
+@pytest.mark.parametrize(
+    ("settings", "shares"),
+    [
+        (EngineSettings(num_kv_blocks=24), False),
+        (EngineSettings(num_kv_blocks=24, cache_groups="tenant-a:public, tenant-b:public"), True),
+        (EngineSettings(num_kv_blocks=24, cache_isolation=False), True),
+    ],
+    ids=["isolated", "one-group", "isolation-off"],
+)
+def test_a_tenant_gets_no_cached_tokens_from_another_tenants_prompt_unless_they_share_a_group(settings, shares):
+    # A shared cache is a timing side channel: B could learn how A's prompts begin from its first token's speed.
+    llm = build_llm_engine(resolve_model("tiny", max_model_len=512), settings, "cpu")
+    text = "The secret plan begins with a long preamble that fills several blocks of the cache."
+    llm.add_request(EngineRequest("a", "tenant-a", [Message("user", text)], SAMPLED))
+    drain(llm)
+    llm.add_request(EngineRequest("b", "tenant-b", [Message("user", text)], SAMPLED))
+    llm.add_request(EngineRequest("a2", "tenant-a", [Message("user", text)], SAMPLED))
+    outputs = drain(llm)
+    assert (outputs["b"][-1].usage.cached_tokens > 0) is shares
+    assert outputs["a2"][-1].usage.cached_tokens > 0  # a tenant still shares with itself
+
+
 def test_starts_are_announced_once_before_computing_and_load_is_reported(llm: LLMEngine) -> None:
     announced: list[tuple[list[str], int]] = []
     llm.start_listener = lambda ids: announced.append((list(ids), llm.engine.num_steps))

@@ -38,6 +38,14 @@ def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int]) -> Blo
     return BlockHash(digest.digest(), tuple(token_ids))
 
 
+def salted_root(salt: str) -> BlockHash | None:
+    """The parent of a request's first block: its cache salt, so prompts under different salts
+    never share a block (no salt: the one shared root)."""
+    if not salt:
+        return None
+    return BlockHash(hashlib.sha256(b"drivetrain/cache-salt/" + salt.encode()).digest(), ())
+
+
 def hash_full_blocks(
     token_ids: Sequence[int], block_size: int, parent: BlockHash | None = None
 ) -> list[BlockHash]:

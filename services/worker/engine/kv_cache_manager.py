@@ -141,7 +141,7 @@ class KVCacheManager:
         bs = self.block_size
         while len(hashes) < num_blocks:
             start = len(hashes) * bs
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else request.cache_root
             hashes.append(hash_block_tokens(parent, request.all_token_ids[start : start + bs]))
         return hashes
 

@@ -62,7 +62,7 @@ class LLMEngine:
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams, tenant: str = "default"
     ) -> Request:
         """Queue a prompt already in token ids; the engine's Request, which grows as it runs."""
-        request = Request(request_id, prompt_token_ids, sampling, tenant)
+        request = Request(request_id, prompt_token_ids, sampling, tenant, self.engine.settings.cache_salt(tenant))
         self.engine.add_request(request)  # raises RequestRejected, with the scheduler's code
         self._streams[request_id] = _Stream(request, IncrementalDetokenizer(self.tokenizer, sampling.stop))
         return request

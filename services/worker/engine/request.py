@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from services.worker.engine.block_pool import BlockHash
+from services.worker.engine.block_pool import BlockHash, salted_root
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.types import FinishReason
 
@@ -53,6 +53,7 @@ class Request:
         prompt_token_ids: list[int],
         sampling: SamplingParams,
         tenant: str = "default",
+        cache_salt: str = "",
     ) -> None:
         self.request_id = request_id
         self.sampling = sampling
@@ -67,6 +68,8 @@ class Request:
         # Upper bound on num_tokens: prompt + max_tokens, capped by the model length.
         self.max_num_tokens = self.num_prompt_tokens + sampling.max_tokens
         self.block_hashes: list[BlockHash] = []
+        # Prefix-cache hits only among requests of the same salt (see EngineSettings.cache_salt).
+        self.cache_root = salted_root(cache_salt)
 
     @property
     def prompt_token_ids(self) -> list[int]:

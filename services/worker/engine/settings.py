@@ -52,6 +52,18 @@ class EngineSettings:
     tenant_weights: Annotated[str, Field(pattern=r"^(\s*[^:,\s]+\s*:\s*\d+(\.\d+)?\s*(,|$))*$")] = ""
     """vtc: share weights, tenant:weight[,tenant:weight]; a tenant not listed weighs 1"""
 
+    cache_isolation: bool = True
+    """salt prefix-cache hashes per tenant: no tenant can time its first token to learn how another's prompts begin"""
+    cache_groups: Annotated[str, Field(pattern=r"^(\s*[^:,\s]+\s*:\s*[^:,\s]+\s*(,|$))*$")] = ""
+    """tenant:group[,tenant:group]: tenants of one group share cached prefixes (say, a public system prompt)"""
+
+    def cache_salt(self, tenant: str) -> str:
+        """The salt of a tenant's prefix-cache hashes: its group's, its own, or none without isolation."""
+        if not self.cache_isolation:
+            return ""
+        groups = dict(item.replace(" ", "").split(":") for item in self.cache_groups.split(",") if item.strip())
+        return f"group:{groups[tenant]}" if tenant in groups else f"tenant:{tenant}"
+
     def weights(self) -> dict[str, float]:
         pairs = (item.split(":") for item in self.tenant_weights.split(",") if item.strip())
         return {tenant.strip(): float(weight) for tenant, weight in pairs}
