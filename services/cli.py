@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from services.edge.settings import EdgeSettings
+from services.edge.tenants import TenantsError
 from services.router.settings import RouterSettings
 from services.worker.settings import WorkerSettings
 from shared.infra import command as infra_command
@@ -49,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--no-restart", action="store_true", help="leave a child that dies dead")
     up.add_argument("--log-dir", type=Path, help="one log file per child (default: INFRA_DIR/logs/fleet)")
 
+    from services.edge import tenants_command
+
+    tenants_command.add_arguments(sub.add_parser("tenants", help="the tenants file: add | list | rotate-key | revoke"))
+
     members = sub.add_parser("members", help="the fleet as one member sees it (SWIM gossip)")
     members.add_argument("--address", default="127.0.0.1:7946", help="gossip address of any member")
     members.add_argument("--json", action="store_true", help="JSON instead of a table")
@@ -77,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)
-    except (SettingsError, ModelError) as exc:  # said in a line, not a traceback
+    except (SettingsError, ModelError, TenantsError) as exc:  # said in a line, not a traceback
         print(f"drivetrain {args.command}: {exc}", file=sys.stderr)
         return 2
 
@@ -91,6 +96,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "up":
         return _up(args)
+    if args.command == "tenants":
+        from services.edge import tenants_command
+
+        return tenants_command.run(args)
     if args.command == "members":
         return _members(args, from_arguments(ServiceSettings, args.settings_source, args))
     if args.command == "chat":

@@ -16,7 +16,6 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from services.edge.auth import parse_api_keys
 from services.edge.chat_page import chat_page_routes
 from services.edge.connection import Connection
 from services.edge.handshake import Admission, HandshakeGate, Refusal, admit_all
@@ -36,10 +35,9 @@ REFUSAL_LOG_RATE = Rate(per_s=1.0, burst=10)  # a flood of refusals must not bec
 
 
 def build_app(service: EdgeService, admission: Admission = admit_all) -> Starlette:
-    api_keys = parse_api_keys(service.settings.api_keys)
     limits = service.settings.clients
     gate = HandshakeGate(
-        api_keys,
+        service.tenants.tenant_of,
         OriginPolicy.parse(limits.allowed_origins),
         Rate(limits.refused_handshakes_per_s, limits.refused_handshakes_burst),
         admission,
@@ -63,7 +61,7 @@ def build_app(service: EdgeService, admission: Admission = admit_all) -> Starlet
                 PlainTextResponse(admitted.reason, status_code=admitted.status, headers=admitted.headers)
             )
             return
-        tenant = admitted
+        tenant = admitted.tenant
         if service.draining:
             service.count_refusal(ErrorCode.EDGE_DRAINING, tenant)
             await websocket.send_denial_response(
@@ -75,7 +73,10 @@ def build_app(service: EdgeService, admission: Admission = admit_all) -> Starlet
         async def send_frame(frame: EdgeFrame) -> None:
             await websocket.send_text(encode_frame(frame))
 
-        conn = Connection(uuid.uuid4().hex, tenant, send_frame, closer=lambda code, reason: websocket.close(code, reason))
+        conn = Connection(
+            uuid.uuid4().hex, tenant, send_frame, closer=lambda code, reason: websocket.close(code, reason),
+            key_hash=admitted.key_hash,
+        )
         service.open_connection(conn)
         writer = asyncio.create_task(conn.run_writer())
         frames = TokenBucket(frame_rate, time.monotonic())
@@ -102,7 +103,7 @@ def build_app(service: EdgeService, admission: Admission = admit_all) -> Starlet
             WebSocketRoute("/v1/chat", chat_socket),
             health_route(service.health),
             metrics_route(service.registry),
-            *openai_routes(service, api_keys),
+            *openai_routes(service),
             *chat_page_routes(),
         ]
     )

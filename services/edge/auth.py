@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from services.edge.tenants import Tenant, hash_key
+
+TenantOf = Callable[[str], Tenant | None]  # an API key -> its tenant
 
 
 def parse_api_keys(spec: str) -> dict[str, str]:
@@ -37,7 +42,16 @@ def presented_key(headers: Mapping[str, str], query: Mapping[str, str]) -> str |
     return query.get("api_key") or None
 
 
-def authenticate(keys: Mapping[str, str], headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
+@dataclass(frozen=True)
+class Credential:
+    """Who a client proved to be, and with which key (by hash): a revoked key's sockets are closed."""
+
+    tenant: str
+    key_hash: str
+
+
+def authenticate(tenant_of: TenantOf, headers: Mapping[str, str], query: Mapping[str, str]) -> Credential | None:
     """The tenant of the presented key, or None when it is missing or unknown."""
     key = presented_key(headers, query)
-    return keys.get(key) if key else None
+    tenant = tenant_of(key) if key else None
+    return Credential(tenant.id, hash_key(key)) if tenant is not None else None

@@ -61,9 +61,11 @@ class Connection:
         tenant: str,
         sink: Callable[[EdgeFrame], Awaitable[None]],
         closer: Callable[[int, str], Awaitable[None]] | None = None,
+        key_hash: str = "",
     ) -> None:
         self.conn_id = conn_id
         self.tenant = tenant
+        self.key_hash = key_hash  # the key it proved itself with: when that is revoked, it is closed
         self._sink = sink
         self._closer = closer  # a WebSocket's close; None for an HTTP response
         self._outbox: asyncio.Queue[EdgeFrame | None] = asyncio.Queue()
@@ -155,10 +157,14 @@ class Connection:
 
     async def go_away(self, timeout_s: float = GO_AWAY_FLUSH_S) -> None:
         """The edge is stopping: send what is queued, then close the socket with 1001 (going away)."""
+        await self.shut(GOING_AWAY, "edge draining", timeout_s)
+
+    async def shut(self, code: int, reason: str, timeout_s: float = GO_AWAY_FLUSH_S) -> None:
+        """Send what is queued, then close the socket with this code (an HTTP stream has none)."""
         if self._closer is None:
             return
         self.close_writer()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._written.wait(), timeout_s)
         with contextlib.suppress(RuntimeError, OSError):
-            await self._closer(GOING_AWAY, "edge draining")
+            await self._closer(code, reason)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from services.edge.auth import authenticate
+from services.edge.auth import Credential, TenantOf, authenticate
 from services.edge.origins import OriginPolicy
 from shared.codes import ErrorCode
 from shared.rate_limits import KeyedBuckets, Rate
@@ -43,12 +43,12 @@ BAD_KEY = Refusal(401, ErrorCode.INVALID_API_KEY, "missing or unknown API key", 
 class HandshakeGate:
     def __init__(
         self,
-        api_keys: Mapping[str, str],
+        tenant_of: TenantOf,
         origins: OriginPolicy,
         refused_rate: Rate,
         admission: Admission = admit_all,
     ) -> None:
-        self._api_keys = api_keys
+        self._tenant_of = tenant_of
         self._origins = origins
         self._refused = KeyedBuckets(refused_rate)
         self._admission = admission
@@ -56,8 +56,8 @@ class HandshakeGate:
 
     def admit(
         self, client: str, headers: Mapping[str, str], query: Mapping[str, str], secure: bool, now: float
-    ) -> str | Refusal:
-        """The tenant of an admitted handshake, or why it is refused."""
+    ) -> Credential | Refusal:
+        """Who an admitted handshake is, or why it is refused."""
         if now - self._swept_at > SWEEP_EVERY_S:
             self._refused.sweep(now)
             self._swept_at = now
@@ -66,8 +66,8 @@ class HandshakeGate:
         if not self._origins.allows(headers.get("origin"), headers.get("host"), secure):
             self._refused.charge(client, now)
             return BAD_ORIGIN
-        tenant = authenticate(self._api_keys, headers, query)
-        if tenant is None:
+        credential = authenticate(self._tenant_of, headers, query)
+        if credential is None:
             self._refused.charge(client, now)
             return BAD_KEY
-        return self._admission(tenant, client) or tenant
+        return self._admission(credential.tenant, client) or credential

@@ -57,6 +57,7 @@ async def serve_edge(settings: EdgeSettings, health: Health, stopping: asyncio.E
     service.registry.register(GossipCollector(membership))
     serving = asyncio.create_task(server.serve())
     watchdog = asyncio.create_task(service.run_watchdog())
+    tenants = asyncio.create_task(service.watch_tenants())
     loading = asyncio.create_task(publish_load(membership, lambda: dataclasses.asdict(service.load())))
     health.set(Lifecycle.SERVING)
     log.info(
@@ -71,6 +72,7 @@ async def serve_edge(settings: EdgeSettings, health: Health, stopping: asyncio.E
     finally:
         health.set(Lifecycle.STOPPED)
         watchdog.cancel()
+        tenants.cancel()
         loading.cancel()
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):

@@ -52,13 +52,14 @@ SSE_HEADERS = [
 ]
 
 
-def openai_routes(service: EdgeService, api_keys: dict[str, str]) -> list[BaseRoute]:
+def openai_routes(service: EdgeService) -> list[BaseRoute]:
     model = service.settings.model
     started = int(time.time())
 
     def tenant_of(request: Request) -> str | None:
         # Header only: a key in a URL ends up in logs, and HTTP clients can always set headers.
-        return authenticate(api_keys, request.headers, {})
+        credential = authenticate(service.tenants.tenant_of, request.headers, {})
+        return credential.tenant if credential is not None else None
 
     async def chat_completions(request: Request) -> Response:
         tenant = tenant_of(request)

@@ -25,7 +25,6 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from services.edge.auth import DEFAULT_TIER, parse_tiers
 from services.edge.connection import Connection
 from services.edge.deadlines import Deadlines, overdue
 from services.edge.metrics import EdgeMetrics
@@ -40,6 +39,7 @@ from services.edge.protocol import (
 )
 from services.edge.router_link import RefusalLog, RouterLinkServer
 from services.edge.settings import EdgeSettings
+from services.edge.tenant_directory import TenantDirectory
 from shared import wire
 from shared.codes import ErrorCode
 from shared.health import Health
@@ -52,6 +52,8 @@ from shared.seal import Seal
 log = logging.getLogger(__name__)
 
 REFUSED_RESUME = "no resumable stream matches this request id and token"
+TENANTS_RELOAD_S = 1.0  # how often the tenants file is looked at: a revoked key's sockets close within about this
+POLICY_VIOLATION = 1008
 DRAINING = "this edge is stopping; reconnect (to another edge) and retry"
 WORKER_LEFT_GRACE_S = 2.0  # a worker that left in good order sent its streams' endings first: let them arrive
 DRAIN_POLL_S = 0.1
@@ -79,7 +81,7 @@ class EdgeService:
         self.metrics = EdgeMetrics(self.registry)
         self.metrics.connections.set_function(lambda: len(self._connections))
         self.metrics.chats_in_flight.set_function(lambda: self.load().chats)
-        self._tiers = parse_tiers(settings.tenant_tiers)
+        self.tenants = TenantDirectory(settings.tenants_file, settings.api_keys, settings.tenant_tiers)
         self.topics = settings.topics
         self._producer = producer
         self._seal = Seal(settings.fleet_secret, settings.edge_id)
@@ -123,7 +125,20 @@ class EdgeService:
             conn.send(exc.frame())
 
     def tier_of(self, tenant: str) -> str:
-        return self._tiers.get(tenant, DEFAULT_TIER)
+        return self.tenants.tier_of(tenant)
+
+    async def watch_tenants(self, period_s: float = TENANTS_RELOAD_S) -> None:
+        """Re-read the tenants file when it changes; close the sockets of keys it no longer holds."""
+        while True:
+            await asyncio.sleep(period_s)
+            if self.tenants.reload_if_changed():
+                await self.close_revoked()
+
+    async def close_revoked(self) -> None:
+        revoked = [c for c in self._connections.values() if c.key_hash and not self.tenants.holds(c.tenant, c.key_hash)]
+        for conn in revoked:
+            log.info("closing a socket of tenant %s: its API key was revoked", conn.tenant)
+        await asyncio.gather(*(conn.shut(POLICY_VIOLATION, "API key revoked") for conn in revoked))
 
     def count_refusal(self, code: ErrorCode | str, tenant: str | None) -> None:
         """Every refusal, from any endpoint; one without a known key has no tier."""

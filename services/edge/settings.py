@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 from pydantic import Field
@@ -53,10 +54,12 @@ class EdgeSettings(ServiceSettings, ServedModel):
     """client port: WebSocket /v1/chat, the OpenAI-compatible API, the chat page, /healthz, /metrics"""
     internal: InternalListener = InternalListener()
     clients: ClientLimits = ClientLimits()
+    tenants_file: Path | None = None
+    """the tenants file (TOML: tenants, tiers, SHA-256 hashes of their keys, limits; `drivetrain tenants` edits it), re-read when it changes; unset: api_keys and tenant_tiers"""
     api_keys: str = "dev-key:dev"
-    """accepted API keys, key:tenant[,key:tenant]; a malformed entry stops the edge at start"""
+    """without a tenants file: accepted API keys, key:tenant[,key:tenant]; a malformed entry stops the edge at start"""
     tenant_tiers: str = ""
-    """tenants' service tiers, tenant:tier[,...]; others are 'standard'. Today a tier only labels metrics"""
+    """without a tenants file: tenants' service tiers, tenant:tier[,...]; others are 'standard'"""
     max_frame_bytes: Annotated[int, Field(ge=1024, le=MAX_FRAME_BYTES)] = MAX_FRAME_BYTES
     """largest client frame (a bigger one closes the socket with 1009) and HTTP request body (413); at most 1 MiB, what the Kafka topics are sized for"""
     max_chats_per_connection: int = 64

@@ -3,8 +3,9 @@ sections, one variable per setting, clear errors, and a reference that is the co
 
 import pytest
 
-from services.edge.auth import authenticate, parse_api_keys
+from services.edge.auth import Credential, authenticate, parse_api_keys
 from services.edge.settings import EdgeSettings
+from services.edge.tenants import book_from_keys, hash_key
 from services.router.settings import RouterSettings
 from services.settings_reference import DOC, rewritten
 from services.worker.settings import WorkerSettings
@@ -15,9 +16,9 @@ from shared.settings import SettingsError, load, setting_docs
 
 
 def test_keys_from_header_or_query():
-    keys = parse_api_keys("dev-key:dev, ops-key:ops")
-    assert authenticate(keys, {"authorization": "Bearer dev-key"}, {}) == "dev"
-    assert authenticate(keys, {}, {"api_key": "ops-key"}) == "ops"
+    keys = book_from_keys(parse_api_keys("dev-key:dev, ops-key:ops"), {}, "standard").tenant_of
+    assert authenticate(keys, {"authorization": "Bearer dev-key"}, {}) == Credential("dev", hash_key("dev-key"))
+    assert authenticate(keys, {}, {"api_key": "ops-key"}).tenant == "ops"
     assert authenticate(keys, {"authorization": "Bearer nope"}, {}) is None
     assert authenticate(keys, {"authorization": "Basic dev-key"}, {}) is None
     assert authenticate(keys, {}, {}) is None

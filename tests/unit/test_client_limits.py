@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from services.edge.auth import Credential
 from services.edge.handshake import (
     BAD_KEY,
     BAD_ORIGIN,
@@ -22,11 +23,13 @@ from services.edge.handshake import (
 )
 from services.edge.origins import OriginPolicy
 from services.edge.read_timeouts import ReadTimeouts, read_deadline, timed_protocol
+from services.edge.tenants import book_from_keys, hash_key
 from shared.codes import ErrorCode
 from shared.rate_limits import KeyedBuckets, LogThrottle, Rate, TokenBucket
 
-
 # Rate limits -------------------------------------------------------------------------------
+T1 = Credential("t1", hash_key("good"))
+
 def test_bucket_allows_a_burst_then_the_rate():
     bucket = TokenBucket(Rate(per_s=2.0, burst=3), now=0.0)
     assert [bucket.take(0.0) for _ in range(4)] == [True, True, True, False]
@@ -76,11 +79,11 @@ def test_listed_origins_and_star():
 
 # Handshakes --------------------------------------------------------------------------------------
 def gate(**kwargs) -> HandshakeGate:
-    return HandshakeGate({"good": "t1"}, OriginPolicy.parse(""), Rate(per_s=1.0, burst=3), **kwargs)
+    return HandshakeGate(book_from_keys({"good": "t1"}, {}, "standard").tenant_of, OriginPolicy.parse(""), Rate(per_s=1.0, burst=3), **kwargs)
 
 
 def test_good_key_is_admitted_as_its_tenant():
-    assert gate().admit("1.2.3.4", {"authorization": "Bearer good"}, {}, False, 0.0) == "t1"
+    assert gate().admit("1.2.3.4", {"authorization": "Bearer good"}, {}, False, 0.0) == T1
 
 
 def test_an_address_refused_too_often_is_told_to_slow_down_before_its_key_is_checked():
@@ -90,8 +93,8 @@ def test_an_address_refused_too_often_is_told_to_slow_down_before_its_key_is_che
     assert SLOW_DOWN.status == 429 and SLOW_DOWN.code.retryable
     # Even a good key waits: the address is what is limited. Others are not affected.
     assert handshakes.admit("1.2.3.4", {"authorization": "Bearer good"}, {}, False, 0.5) == SLOW_DOWN
-    assert handshakes.admit("5.6.7.8", {"authorization": "Bearer good"}, {}, False, 0.5) == "t1"
-    assert handshakes.admit("1.2.3.4", {"authorization": "Bearer good"}, {}, False, 1.0) == "t1"
+    assert handshakes.admit("5.6.7.8", {"authorization": "Bearer good"}, {}, False, 0.5) == T1
+    assert handshakes.admit("1.2.3.4", {"authorization": "Bearer good"}, {}, False, 1.0) == T1
 
 
 def test_foreign_origin_is_refused_even_with_a_good_key():
