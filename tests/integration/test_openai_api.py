@@ -20,6 +20,7 @@ from services.edge.openai_api import openai_routes
 from services.edge.openai_schema import refusal_error
 from services.edge.protocol import AcceptedFrame, ChatFrame, ProtocolError
 from services.edge.settings import EdgeSettings
+from services.edge.tenant_directory import TenantDirectory
 from shared import wire
 from shared.codes import ErrorCode, FinishReason
 from shared.models.echo import CONTEXT_PIECES
@@ -218,7 +219,8 @@ class ScriptedService:
     """Stands in for EdgeService: refuses with `refusal`, or delivers `script(request_id)` to the chat."""
 
     def __init__(self, refusal: ProtocolError | None = None, script=lambda rid: []) -> None:
-        self.settings = EdgeSettings(model="echo")
+        self.settings = EdgeSettings(model="echo", api_keys="k:t")
+        self.tenants = TenantDirectory(None, self.settings.api_keys, "")
         self._refusal = refusal
         self._script = script
         self.closed_unfinished: list[list[str]] = []
@@ -244,7 +246,7 @@ class ScriptedService:
 
 
 def scripted_client(service: ScriptedService) -> httpx2.AsyncClient:
-    app = Starlette(routes=openai_routes(service, {"k": "t"}))  # type: ignore[arg-type]
+    app = Starlette(routes=openai_routes(service))  # type: ignore[arg-type]
     transport = httpx2.ASGITransport(app=app)
     return httpx2.AsyncClient(transport=transport, base_url="http://edge/v1", headers={"Authorization": "Bearer k"})
 
