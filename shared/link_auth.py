@@ -15,7 +15,7 @@ import secrets
 
 import msgspec
 
-from shared.seal import MAC_BYTES, derive_key
+from shared.seal import MAC_BYTES, derive_key, mac
 
 NONCE_BYTES = 16
 HANDSHAKE_MAX_BYTES = 1024  # a frame before the peer has proved itself can be no bigger
@@ -46,13 +46,6 @@ class Accept(msgspec.Struct, frozen=True, array_like=True):
     mac: bytes
 
 
-def _mac(key: bytes, *parts: bytes) -> bytes:
-    mac = hmac.new(key, digestmod=hashlib.sha256)
-    for part in parts:
-        mac.update(len(part).to_bytes(4, "big") + part)
-    return mac.digest()
-
-
 class LinkKeys:
     """What one fleet secret gives the link: handshake proofs and each session's frame key."""
 
@@ -66,14 +59,14 @@ class LinkKeys:
 
     def prove(self, hello: Hello, router_id: str) -> Proof:
         nonce = secrets.token_bytes(NONCE_BYTES)
-        return Proof(router_id, nonce, _mac(self._key, b"router", hello.edge_id.encode(), hello.nonce, router_id.encode(), nonce))
+        return Proof(router_id, nonce, mac(self._key, b"router", hello.edge_id.encode(), hello.nonce, router_id.encode(), nonce))
 
     def check_proof(self, hello: Hello, proof: Proof) -> Accept:
         """Edge side: the router's proof checks out; the accept to send back."""
-        expected = _mac(self._key, b"router", hello.edge_id.encode(), hello.nonce, proof.router_id.encode(), proof.nonce)
+        expected = mac(self._key, b"router", hello.edge_id.encode(), hello.nonce, proof.router_id.encode(), proof.nonce)
         if len(proof.nonce) != NONCE_BYTES or not hmac.compare_digest(proof.mac, expected):
             raise LinkRefused("the router's proof does not match the fleet secret")
-        return Accept(_mac(self._key, b"edge", hello.edge_id.encode(), proof.nonce, hello.nonce))
+        return Accept(mac(self._key, b"edge", hello.edge_id.encode(), proof.nonce, hello.nonce))
 
     def check_accept(self, hello: Hello, proof: Proof, accept: Accept, expected_edge: str) -> None:
         """Router side: this is the edge we meant to reach, and it holds the secret."""
@@ -81,12 +74,12 @@ class LinkKeys:
             raise LinkRefused(f"expected edge {expected_edge}, reached {hello.edge_id[:64]!r}")
         if len(hello.nonce) != NONCE_BYTES:
             raise LinkRefused("malformed hello")
-        expected = _mac(self._key, b"edge", hello.edge_id.encode(), proof.nonce, hello.nonce)
+        expected = mac(self._key, b"edge", hello.edge_id.encode(), proof.nonce, hello.nonce)
         if not hmac.compare_digest(accept.mac, expected):
             raise LinkRefused("the edge's proof does not match the fleet secret")
 
     def session(self, hello: Hello, proof: Proof) -> FrameMac:
-        return FrameMac(_mac(self._key, b"session", hello.nonce, proof.nonce))
+        return FrameMac(mac(self._key, b"session", hello.nonce, proof.nonce))
 
 
 class FrameMac:

@@ -24,6 +24,14 @@ class Sealed(msgspec.Struct, frozen=True, array_like=True):
     mac: bytes
 
 
+def mac(key: bytes, *parts: bytes) -> bytes:
+    """HMAC-SHA256 over the parts, each prefixed by its length, so no two splits read alike."""
+    digest = hmac.new(key, digestmod=hashlib.sha256)
+    for part in parts:
+        digest.update(len(part).to_bytes(4, "big") + part)
+    return digest.digest()
+
+
 def derive_key(secret: bytes, purpose: bytes) -> bytes:
     """One key per use of the fleet secret, so a MAC made for one never verifies as another."""
     return hmac.new(secret, b"drivetrain/" + purpose, hashlib.sha256).digest()
@@ -49,11 +57,7 @@ class Seal:
         self._decoder = msgspec.msgpack.Decoder(Sealed)
 
     def _mac(self, channel: str, sender: str, body: bytes) -> bytes:
-        mac = hmac.new(self._key, digestmod=hashlib.sha256)
-        for part in (channel.encode(), sender.encode()):
-            mac.update(len(part).to_bytes(4, "big") + part)
-        mac.update(body)
-        return mac.digest()
+        return mac(self._key, channel.encode(), sender.encode(), body)
 
     def seal(self, channel: str, body: bytes) -> bytes:
         return msgspec.msgpack.encode(Sealed(self.sender, body, self._mac(channel, self.sender, body)))

@@ -40,7 +40,7 @@ from services.worker.engine_thread import EngineThread
 from services.worker.metrics import WorkerMetrics
 from services.worker.offset_tracker import OffsetTracker
 from services.worker.settings import WorkerSettings
-from services.worker.streams import StreamRegistry
+from services.worker.streams import Stream, StreamRegistry
 from services.worker.token_path import TokenPublisher
 from shared import wire
 from shared.codes import ErrorCode
@@ -182,19 +182,24 @@ class WorkerService:
         message = "the worker stopped before this stream finished; retry the request"
         by_edge: dict[str, list[wire.Event]] = defaultdict(list)
         epochs: dict[str, dict[str, int]] = defaultdict(dict)
-        for request_id in request_ids:
-            stream = self._streams.active[request_id]
-            error = wire.Error.of(request_id, ErrorCode.WORKER_DRAINING, message, stream.next_seq)
+        for stream in self._take_streams(request_ids):
+            error = wire.Error.of(stream.request_id, ErrorCode.WORKER_DRAINING, message, stream.next_seq)
             stream.log.append(error)
             by_edge[stream.edge_id].append(error)
             if stream.epoch:
-                epochs[stream.edge_id][request_id] = stream.epoch
-            self._streams.end(request_id)  # what the engine still says of it is dropped
-            self._thread.drop(request_id)
+                epochs[stream.edge_id][stream.request_id] = stream.epoch
         sends = (self._tokens.send(edge_id, events, epochs[edge_id], wait=True) for edge_id, events in by_edge.items())
-        results = await asyncio.gather(*sends, return_exceptions=True)
-        for failed in (r for r in results if isinstance(r, BaseException)):
-            log.warning("drain: could not send the end of some streams: %r", failed)
+        if not all(await asyncio.gather(*sends)):
+            log.warning("drain: the end of some streams could not be sent; their edges' deadlines end them")
+
+    def _take_streams(self, request_ids: list[str]) -> list[Stream]:
+        """These streams end here: out of the registry (what the engine still says of them is
+        dropped) and out of the engine, without a word from it."""
+        taken = [stream for rid in request_ids if (stream := self._streams.active.get(rid)) is not None]
+        for stream in taken:
+            self._streams.end(stream.request_id)
+            self._thread.drop(stream.request_id)
+        return taken
 
     # Requests -----------------------------------------------------------------------------
     async def _consume_requests(self, consumer: AIOKafkaConsumer, stopping: asyncio.Event) -> None:
@@ -368,14 +373,9 @@ class WorkerService:
     def _break_streams(self, request_ids: list[str]) -> None:
         """Kafka lost some of these streams' events: they end here, and their edges are told (token_path.py)."""
         by_edge: dict[str, dict[str, int]] = defaultdict(dict)
-        for request_id in request_ids:
-            stream = self._streams.active.get(request_id)
-            if stream is None:
-                continue
-            by_edge[stream.edge_id][request_id] = stream.epoch
-            self._streams.end(request_id)
-            self._thread.drop(request_id)
-            self.offsets.started(request_id)  # its start may be what was lost: it must not hold the offset
+        for stream in self._take_streams(request_ids):
+            by_edge[stream.edge_id][stream.request_id] = stream.epoch
+            self.offsets.started(stream.request_id)  # its start may be what was lost: it must not hold the offset
         for edge_id, epochs in by_edge.items():
             task = asyncio.create_task(self._tokens.tell_broken(edge_id, epochs, BROKEN_TELL_S))
             self._background.add(task)
