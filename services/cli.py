@@ -54,17 +54,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     tenants_command.add_arguments(sub.add_parser("tenants", help="the tenants file: add | list | rotate-key | revoke"))
 
+    from services.router import usage_command
+
+    usage_command.add_usage_arguments(sub.add_parser("usage", help="tokens and money per tenant, from the usage counters"))
+
     members = sub.add_parser("members", help="the fleet as one member sees it (SWIM gossip)")
     members.add_argument("--address", default="127.0.0.1:7946", help="gossip address of any member")
     members.add_argument("--json", action="store_true", help="JSON instead of a table")
     members.set_defaults(settings_source=add_arguments(members, ServiceSettings))
 
-    chat = sub.add_parser("chat", help="send one chat and stream the reply")
-    chat.add_argument("text")
+    chat = sub.add_parser(
+        "chat", help="stream one reply, or with no text chat in the terminal (/help lists the commands)"
+    )
+    chat.add_argument("text", nargs="?", help="one question; without it, an interactive multi-turn session")
     chat.add_argument("--url", default="ws://127.0.0.1:8080/v1/chat")
     chat.add_argument("--api-key", default="dev-key")
     chat.add_argument("--max-tokens", type=int, default=256)
     chat.add_argument("--temperature", type=float, default=0.0)
+    chat.add_argument("--system", default="", help="system prompt, sent first each turn (/system changes it)")
+    chat.add_argument("--json", action="store_true", help="print each frame received as a line of JSON")
 
     from services.worker.generate import GenerateSettings
     from services.worker.generate import add_arguments as add_generate_arguments
@@ -100,12 +108,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         from services.edge import tenants_command
 
         return tenants_command.run(args)
+    if args.command == "usage":
+        from services.router import usage_command
+
+        return usage_command.run(args, from_arguments(usage_command.UsageSettings, args.settings_source, args))
     if args.command == "members":
         return _members(args, from_arguments(ServiceSettings, args.settings_source, args))
     if args.command == "chat":
-        from shared.chat_client import stream_chat
+        from shared import chat_terminal
 
-        return stream_chat(args.url, args.api_key, args.text, args.max_tokens, args.temperature)
+        params = {"max_tokens": args.max_tokens, "temperature": args.temperature}
+        return chat_terminal.run(args.url, args.api_key, args.text, params, args.system, args.json)
     if args.command == "generate":
         from services.worker import generate
 

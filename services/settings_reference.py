@@ -9,6 +9,7 @@ from typing import Any
 
 from services.edge.settings import EdgeSettings
 from services.router.settings import RouterSettings
+from services.router.usage_command import UsageSettings
 from services.worker.generate import GenerateSettings
 from services.worker.settings import WorkerSettings
 from shared.infra.settings import REPO_ROOT, InfraSettings
@@ -25,6 +26,7 @@ SECTIONS: list[tuple[str, type, type | None]] = [
     ("Edge (`drivetrain edge`)", EdgeSettings, ServiceSettings),
     ("Worker (`drivetrain worker`)", WorkerSettings, ServiceSettings),
     ("Router (`drivetrain router`)", RouterSettings, ServiceSettings),
+    ("Usage and billing (`drivetrain usage`)", UsageSettings, ServiceSettings),
     ("Local infrastructure (`drivetrain infra up | down | status`)", InfraSettings, None),
     ("Offline generation (`drivetrain generate`)", GenerateSettings, None),
 ]

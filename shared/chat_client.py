@@ -1,7 +1,7 @@
-"""The client side of the chat protocol: a socket that runs many chats at once, and the terminal client.
+"""The client side of the chat protocol: a socket that runs many chats at once.
 
-`ChatSocket` routes incoming frames to each chat's queue by `id`, so tests,
-benchmarks and `drivetrain chat` all read one chat's frames in order.
+`ChatSocket` routes incoming frames to each chat's queue by `id`, so tests, benchmarks and
+`drivetrain chat` (shared/chat_terminal.py) all read one chat's frames in order.
 """
 
 from __future__ import annotations
@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed
 
 
 @dataclass
@@ -89,39 +88,3 @@ class ChatSocket:
         await self.ws.close()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
-
-
-async def _stream(url: str, api_key: str, text: str, max_tokens: int, temperature: float) -> int:
-    sock = await ChatSocket.open(url, api_key)
-    try:
-        await sock.chat("c1", text, max_tokens=max_tokens, temperature=temperature)
-        while True:
-            frame = await sock.next_frame("c1", timeout=300)
-            if frame["type"] == "token":
-                print(frame["text"], end="", flush=True)
-            elif frame["type"] == "done":
-                usage = frame["usage"]
-                print(
-                    f"\n[{frame['finish_reason']}: {usage['prompt_tokens']} prompt tokens "
-                    f"({usage['cached_tokens']} cached), {usage['completion_tokens']} completion tokens]"
-                )
-                return 0
-            elif frame["type"] == "error":
-                print(f"\nerror {frame['code']}: {frame['message']}", file=sys.stderr)
-                return 1
-            elif frame["type"] == "closed":
-                print(f"\nconnection closed ({sock.close_code})", file=sys.stderr)
-                return 1
-    finally:
-        await sock.close()
-
-
-def stream_chat(url: str, api_key: str, text: str, max_tokens: int, temperature: float) -> int:
-    """`drivetrain chat`: print the reply as it streams; exit status 0 on `done`."""
-    try:
-        return asyncio.run(_stream(url, api_key, text, max_tokens, temperature))
-    except InvalidStatus as exc:
-        print(f"refused: HTTP {exc.response.status_code}", file=sys.stderr)
-    except (OSError, TimeoutError) as exc:
-        print(f"cannot reach {url}: {exc!r}", file=sys.stderr)
-    return 1

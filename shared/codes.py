@@ -32,6 +32,11 @@ class ErrorCode(StrEnum):
     ORIGIN_NOT_ALLOWED = "origin_not_allowed"  # HTTP 403 at the handshake, never a frame
     TOO_MANY_HANDSHAKES = "too_many_handshakes"  # HTTP 429 at the handshake, never a frame
     FRAME_RATE_EXCEEDED = "frame_rate_exceeded"  # close code 1008, never a frame
+    # Refused by tenancy: the fleet is full for the tenant's tier, or the tenant is over a limit.
+    OVERLOADED = "overloaded"  # with retry_after_ms (HTTP 429 + Retry-After)
+    RATE_LIMITED = "rate_limited"  # over requests/min or tokens/min; with retry_after_ms
+    TOO_MANY_STREAMS = "too_many_streams"  # the tenant's concurrent-stream cap, over all edges
+    TOO_MANY_CONNECTIONS = "too_many_connections"  # the tenant's connection cap: HTTP 429 at the handshake
     # Refused by a worker, or a stream that failed.
     INVALID_REQUEST = "invalid_request"
     ENGINE_ERROR = "engine_error"
@@ -50,6 +55,10 @@ _RETRYABLE = frozenset(
     {
         ErrorCode.TOO_MANY_CHATS,
         ErrorCode.TOO_MANY_HANDSHAKES,
+        ErrorCode.OVERLOADED,
+        ErrorCode.RATE_LIMITED,
+        ErrorCode.TOO_MANY_STREAMS,
+        ErrorCode.TOO_MANY_CONNECTIONS,
         ErrorCode.UNAVAILABLE,
         ErrorCode.EDGE_DRAINING,
         ErrorCode.WORKER_LOST,

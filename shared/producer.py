@@ -40,20 +40,25 @@ class Producer:
     async def flush(self) -> None:
         await self._inner.flush()
 
-    async def send(self, topic: str, value: bytes | None, key: bytes | None = None) -> asyncio.Future:
-        """Queue a record; the future is its delivery. Raises KafkaError when it cannot even be queued."""
+    async def send(
+        self, topic: str, value: bytes | None, key: bytes | None = None, partition: int | None = None
+    ) -> asyncio.Future:
+        """Queue a record (to `partition`, else the key's); the future is its delivery. Raises KafkaError
+        when it cannot even be queued."""
         if self._broken:
             await self._replace()
         try:
-            delivery = await self._inner.send(topic, value, key=key)
+            delivery = await self._inner.send(topic, value, key=key, partition=partition)
         except FATAL:
             self._broken = True
             raise
         delivery.add_done_callback(self._check)
         return delivery
 
-    async def send_and_wait(self, topic: str, value: bytes | None, key: bytes | None = None) -> object:
-        return await (await self.send(topic, value, key))
+    async def send_and_wait(
+        self, topic: str, value: bytes | None, key: bytes | None = None, partition: int | None = None
+    ) -> object:
+        return await (await self.send(topic, value, key, partition))
 
     def _check(self, delivery: asyncio.Future) -> None:
         if not delivery.cancelled() and isinstance(delivery.exception(), FATAL):

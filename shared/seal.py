@@ -41,8 +41,10 @@ def claimed_sender(message: msgspec.Struct) -> str | None:
     """The member a message says it comes from, when it says."""
     if isinstance(message, (wire.ChatRequest, wire.Resume)):
         return message.edge_id
-    if isinstance(message, wire.TokenBatch):
+    if isinstance(message, (wire.TokenBatch, wire.KvEvents)):
         return message.worker_id
+    if isinstance(message, wire.UsageRecord):
+        return message.reporter
     return None
 
 

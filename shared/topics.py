@@ -24,7 +24,7 @@ class TopicLayout(Section):
     control and dead-letter traffic is small and needs one."""
 
     prefix: str = "drivetrain"
-    """prefix of the Kafka topics (PREFIX.requests, .tokens, .control, .dead-letter) and consumer groups; it also names the gossip cluster, so fleets with different prefixes never merge"""
+    """prefix of the Kafka topics (PREFIX.requests, .tokens, .control, .dead-letter, .usage, .kv-events) and consumer groups; it also names the gossip cluster, so fleets with different prefixes never merge"""
     requests_partitions: Partitions = 8
     """partitions of PREFIX.requests, where a fleet creates its topics"""
     tokens_partitions: Partitions = 8
@@ -33,6 +33,10 @@ class TopicLayout(Section):
     """partitions of PREFIX.control"""
     dead_letter_partitions: Partitions = 1
     """partitions of PREFIX.dead-letter"""
+    usage_partitions: Partitions = 4
+    """partitions of PREFIX.usage: one record per finished request, keyed by request id"""
+    kv_events_partitions: Partitions = 1
+    """partitions of PREFIX.kv-events: workers' prefix-cache blocks stored and evicted, read by every edge"""
 
     @property
     def requests(self) -> str:
@@ -50,10 +54,20 @@ class TopicLayout(Section):
     def dead_letter(self) -> str:
         return f"{self.prefix}.dead-letter"
 
+    @property
+    def usage(self) -> str:
+        return f"{self.prefix}.usage"
+
+    @property
+    def kv_events(self) -> str:
+        return f"{self.prefix}.kv-events"
+
     def partitions(self) -> dict[str, int]:
         return {
             self.requests: self.requests_partitions,
             self.tokens: self.tokens_partitions,
             self.control: self.control_partitions,
             self.dead_letter: self.dead_letter_partitions,
+            self.usage: self.usage_partitions,
+            self.kv_events: self.kv_events_partitions,
         }

@@ -29,6 +29,17 @@ Temperature = Annotated[float, msgspec.Meta(ge=0.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 LastSeq = Annotated[int, msgspec.Meta(ge=-1, le=MAX_STREAM_TOKENS)]  # -1: nothing received yet
+Weight = Annotated[float, msgspec.Meta(gt=0.0, le=1000.0)]
+# Sampling controls beyond temperature and top_p, with OpenAI's ranges (and vLLM's for its extras).
+TopK = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]  # 0 = off
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+RepetitionPenalty = Annotated[float, msgspec.Meta(gt=0.0, le=2.0)]
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+StopStrings = Annotated[list[Annotated[str, msgspec.Meta(min_length=1, max_length=256)]], msgspec.Meta(max_length=16)]
+StopTokenIds = Annotated[list[TokenId], msgspec.Meta(max_length=64)]
+LogitBias = Annotated[dict[TokenId, Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]], msgspec.Meta(max_length=300)]
+Priority = Annotated[int, msgspec.Meta(ge=-1000, le=1000)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_STREAM_TOKENS)]  # tokens of one request, prompt or reply
 
 
 class WireError(ValueError):
@@ -38,6 +49,20 @@ class WireError(ValueError):
 class Message(msgspec.Struct, frozen=True):
     role: Role
     content: str
+
+
+class Controls(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Sampling controls beyond temperature, top_p and seed; all off by default."""
+
+    top_k: TopK = 0
+    stop: StopStrings = []  # the text ends before the first of these
+    stop_token_ids: StopTokenIds = []
+    ignore_eos: bool = False
+    min_tokens: MaxTokens | Literal[0] = 0
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
+    logit_bias: LogitBias = {}
 
 
 class ChatRequest(msgspec.Struct, frozen=True, tag="chat"):
@@ -53,6 +78,11 @@ class ChatRequest(msgspec.Struct, frozen=True, tag="chat"):
     top_p: TopP = DEFAULT_TOP_P
     seed: Seed | None = None
     created_at: float = 0.0
+    weight: Weight = 1.0  # the tenant's fair-share weight (its tier's)
+    priority: Priority = 0  # within the tenant: lower runs first
+    tier: str = ""  # the tenant's tier when admitted: its usage is priced at that tier's prices
+    prompt_tokens: Count = 0  # the prompt as the edge counted it: a usage record's, when the engine's is lost
+    controls: Controls = Controls()
     v: int = WIRE_VERSION
 
 
@@ -173,6 +203,21 @@ class ForwardBatch(msgspec.Struct, frozen=True, tag="forward"):
     v: int = WIRE_VERSION
 
 
+BlockKey = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]  # the first 63 bits of a block hash (block_hash.py)
+
+
+class KvEvents(msgspec.Struct, frozen=True, tag="kv-events"):
+    """Worker -> every edge, on the kv-events topic, keyed by worker: what entered and left its
+    prefix cache since its last record. `cleared`: everything it held before is gone (applied first)."""
+
+    worker_id: str
+    block_size: Annotated[int, msgspec.Meta(ge=1, le=2**16)]
+    stored: list[BlockKey] = []
+    evicted: list[BlockKey] = []
+    cleared: bool = False
+    v: int = WIRE_VERSION
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[type, msgspec.msgpack.Decoder] = {}
 
@@ -206,4 +251,25 @@ class DeadLetter(msgspec.Struct, frozen=True, tag="dead-letter"):
     consumer: str
     reason: str
     payload: bytes
+    v: int = WIRE_VERSION
+
+
+class UsageRecord(msgspec.Struct, frozen=True, tag="usage"):
+    """What one finished request used, on the usage topic, keyed by request id; one per request
+    as the aggregate counts it (it dedupes by request id). `reporter` measured it and sealed it:
+    the worker that ended the stream, or the edge that saw that worker die mid-stream.
+    Exactly one of `finish_reason` (done or cancelled) and `error` (ended by a failure) is set."""
+
+    request_id: str
+    tenant: str
+    tier: str
+    prompt_tokens: Count
+    cached_tokens: Count
+    completion_tokens: Count
+    reporter: str
+    worker_id: str
+    created_at: float  # when the edge admitted it (unix seconds)
+    finished_at: float  # when it ended; its hour is the counters' bucket
+    finish_reason: FinishReason | None = None
+    error: ErrorCode | None = None
     v: int = WIRE_VERSION

@@ -10,7 +10,7 @@ sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule require
 PROPERTIES
 kafka=(--bootstrap-server kafka:9092 --command-config /tmp/admin.properties)
 prefix=drivetrain
-for spec in requests:8 tokens:8 control:1 dead-letter:1; do
+for spec in requests:8 tokens:8 control:1 dead-letter:1 usage:4 kv-events:1; do
   /opt/kafka/bin/kafka-topics.sh "${kafka[@]}" --create --if-not-exists \
     --topic "$prefix.${spec%%:*}" --partitions "${spec##*:}" --replication-factor 1
 done
@@ -21,3 +21,9 @@ acl worker --operation Write --topic "$prefix.tokens" --topic "$prefix.dead-lett
 acl worker --operation Read --group "$prefix-workers"
 acl router --operation Read --topic "$prefix.tokens" --group "$prefix-routers"
 acl router --operation Write --topic "$prefix.dead-letter"
+acl edge --operation Write --topic "$prefix.usage"
+acl worker --operation Write --topic "$prefix.usage"
+acl router --operation Read --topic "$prefix.usage" --group "$prefix-usage-meter"
+acl worker --operation Write --topic "$prefix.kv-events"
+acl edge --operation Read --topic "$prefix.kv-events"
+acl edge --operation Write --topic "$prefix.dead-letter"

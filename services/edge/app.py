@@ -68,13 +68,25 @@ def build_app(service: EdgeService, admission: Admission = admit_all) -> Starlet
                 PlainTextResponse("this edge is stopping; connect to another", status_code=503, headers={"Retry-After": "1"})
             )
             return
-        await websocket.accept()
+        conn_id = uuid.uuid4().hex
+        # The tenant's connection cap, over every edge: the slot is given back by close_connection.
+        if (capped := await service.tenancy.admit_socket(tenant, conn_id)) is not None:
+            service.count_refusal(capped.code, tenant)
+            await websocket.send_denial_response(
+                PlainTextResponse(capped.reason, status_code=capped.status, headers=capped.headers)
+            )
+            return
+        try:
+            await websocket.accept()
+        except BaseException:
+            await service.tenancy.end_socket(conn_id)
+            raise
 
         async def send_frame(frame: EdgeFrame) -> None:
             await websocket.send_text(encode_frame(frame))
 
         conn = Connection(
-            uuid.uuid4().hex, tenant, send_frame, closer=lambda code, reason: websocket.close(code, reason),
+            conn_id, tenant, send_frame, closer=lambda code, reason: websocket.close(code, reason),
             key_hash=admitted.key_hash,
         )
         service.open_connection(conn)

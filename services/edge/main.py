@@ -10,17 +10,20 @@ import logging
 import uvicorn
 
 from services.edge.app import build_app
+from services.edge.fleet_view import FleetView
+from services.edge.kv_events import consume_kv_events
 from services.edge.read_timeouts import ReadTimeouts, timed_protocol
 from services.edge.service import EdgeService
 from services.edge.settings import EdgeSettings
 from shared.addresses import advertised_host
 from shared.fleet_membership import join_fleet, on_departure, publish_load
 from shared.health import Health, Lifecycle
-from shared.kafka_clients import make_producer
+from shared.kafka_clients import DeadLetters, make_consumer, make_producer
 from shared.metrics import GossipCollector
-from shared.models.prompt_length import prompt_limit
+from shared.models.prompt_length import prompt_limit, prompt_tokens
 from shared.redis_client import make_cluster
 from shared.runtime import run_until_signalled, setup_logging
+from shared.seal import Seal
 from shared.status_server import QuietServer
 
 log = logging.getLogger(__name__)
@@ -29,11 +32,20 @@ DRAIN_BACKSTOP_MARGIN_S = 10.0  # past the drain timeout: closing sockets, leavi
 
 
 async def serve_edge(settings: EdgeSettings, health: Health, stopping: asyncio.Event) -> None:
-    limit = prompt_limit(settings.spec())
+    tokens = prompt_tokens(settings.spec())  # one tokenizer for counting and for placement
+    limit = prompt_limit(settings.spec(), tokens)
     producer = make_producer(settings.kafka, client_id=settings.edge_id)
     redis = make_cluster(settings.redis)
     await producer.start()
-    service = EdgeService(settings, producer, redis, limit, health=health)
+    fleet = FleetView()  # workers' load from gossip, for admission, once the edge has joined
+    service = EdgeService(settings, producer, redis, limit, health=health, fleet_load=fleet, prompt_tokens=tokens)
+    # Every edge reads every worker's KV-cache events: no group, from now on.
+    kv_consumer = make_consumer(
+        settings.kafka, settings.topics.kv_events, client_id=settings.edge_id, group_id=None, auto_offset_reset="latest"
+    )
+    await kv_consumer.start()
+    dead_letters = DeadLetters(producer, settings.topics.dead_letter, settings.edge_id)
+    seal = Seal(settings.fleet_secret, settings.edge_id)
     internal = settings.internal
     link = await asyncio.start_server(service.router_links.serve, internal.host, internal.port)
     server = QuietServer(
@@ -53,12 +65,17 @@ async def serve_edge(settings: EdgeSettings, health: Health, stopping: asyncio.E
     )
     addresses = {"internal": f"{advertised_host(internal.host)}:{internal.port}"}
     membership = await join_fleet(settings, settings.edge_id, "edge", addresses, dataclasses.asdict(service.load()))
+    fleet.watch(membership)
     on_departure(membership, "worker", service.worker_gone)
+    service.placer.members = lambda: membership.alive("worker")
+    on_departure(membership, "worker", lambda worker_id, _died: service.placer.forget_worker(worker_id))
     service.registry.register(GossipCollector(membership))
     serving = asyncio.create_task(server.serve())
     watchdog = asyncio.create_task(service.run_watchdog())
     tenants = asyncio.create_task(service.watch_tenants())
     loading = asyncio.create_task(publish_load(membership, lambda: dataclasses.asdict(service.load())))
+    renewing = asyncio.create_task(service.tenancy.renew_forever())
+    kv_events = asyncio.create_task(consume_kv_events(kv_consumer, seal, service.placer.index, dead_letters))
     health.set(Lifecycle.SERVING)
     log.info(
         "edge %s serving: ws://%s:%d/v1/chat, routers at %s:%d",
@@ -74,12 +91,16 @@ async def serve_edge(settings: EdgeSettings, health: Health, stopping: asyncio.E
         watchdog.cancel()
         tenants.cancel()
         loading.cancel()
+        renewing.cancel()
+        kv_events.cancel()
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await serving
         link.close()
         await membership.stop()
         await service.aclose()
+        with contextlib.suppress(Exception):
+            await kv_consumer.stop()
         await producer.stop()
         await redis.aclose()
 

@@ -31,6 +31,12 @@ class EdgeMetrics:
         self.endings = Counter(
             "drivetrain_edge_stream_endings_total", "Streams ended, by finish reason or error code", ["reason"], registry=registry
         )
+        self.usage_records = Counter(
+            "drivetrain_edge_usage_records_total",
+            "Usage records of streams whose worker died after delivering tokens, by outcome: sent, lost",
+            ["outcome"],
+            registry=registry,
+        )
         self.duplicates = Counter(
             "drivetrain_edge_duplicate_events_total", "Routed events dropped as already delivered (a router handover)", registry=registry
         )

@@ -199,7 +199,7 @@ class CompletionResponse:
                 await chat.open(self._parsed)
             except ProtocolError as exc:
                 self._service.count_refusal(exc.code, self._tenant)
-                await error_response(refusal_error(exc.code, exc.message))(scope, receive, send)
+                await error_response(refusal_error(exc.code, exc.message, exc.retry_after_ms))(scope, receive, send)
                 return
             serve = self._stream if self._parsed.stream else self._collect
             await run_until_disconnect(serve(chat, scope, receive, send), receive)

@@ -77,7 +77,6 @@ class StreamOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
 
 
 class CompletionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -90,8 +89,10 @@ class CompletionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
     seed: wire.Seed | None = None
+    priority: wire.Priority | None = None  # as vLLM's: among the tenant's own waiting requests, lower first
     n: PositiveInt | None = None
-    # Harmless: bookkeeping that does not change what is generated.
+    # Harmless: bookkeeping that does not change what is generated (prompt_cache_key, else user,
+    # keeps a conversation on one worker, as the chat frame's `conversation` does).
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
@@ -99,13 +100,19 @@ class CompletionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     store: bool | None = None
     service_tier: str | None = None
     parallel_tool_calls: bool | None = None
+    # Sampling controls: OpenAI's, then vLLM's extras.
+    presence_penalty: wire.Penalty | None = None
+    frequency_penalty: wire.Penalty | None = None
+    logit_bias: wire.LogitBias | None = None
+    stop: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | wire.StopStrings | None = None
+    top_k: wire.TopK | None = None
+    min_tokens: wire.MaxTokens | Literal[0] | None = None
+    repetition_penalty: wire.RepetitionPenalty | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: wire.StopTokenIds | None = None
     # Accepted only at their neutral value (see NEUTRAL); anything else we cannot honour.
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    logit_bias: dict[str, float] | None = None
-    stop: str | list[str] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: Any = None
@@ -121,12 +128,8 @@ class CompletionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
 
 NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "n": lambda v: v in (None, 1),
-    "presence_penalty": lambda v: not v,
-    "frequency_penalty": lambda v: not v,
     "logprobs": lambda v: not v,
     "top_logprobs": lambda v: not v,
-    "logit_bias": lambda v: not v,
-    "stop": lambda v: not v,
     "tools": lambda v: not v,
     "tool_choice": lambda v: v in (None, "none", "auto"),  # with no tools, "auto" calls none
     "response_format": lambda v: v is None or v == {"type": "text"},
@@ -149,7 +152,7 @@ class ParsedCompletion:
 
 
 _decoder = msgspec.json.Decoder(CompletionRequest)
-_AT_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_AT_PATH = re.compile(r" - at `(?:key` in `)?\$\.?(?P<path>[^`]*)`$")  # a dict key's reason names its dict
 _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[^`]*)`")
 _MISSING_FIELD = re.compile(r"^Object missing required field `(?P<field>[^`]*)`")
 
@@ -186,16 +189,31 @@ def parse_completion_request(body: bytes, served_model: str, chat_id: str) -> Pa
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
         seed=request.seed,
+        priority=request.priority or 0,
+        conversation=request.prompt_cache_key or request.user,  # what OpenAI routes its cache by
         **limit,
+        **_controls(request),
     )
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return ParsedCompletion(frame, bool(request.stream), include_usage)
 
 
+def _controls(request: CompletionRequest) -> dict[str, Any]:
+    """The sampling controls the request set, by their chat frame names."""
+    stop = [request.stop] if isinstance(request.stop, str) else request.stop
+    given = {
+        "stop": stop, "frequency_penalty": request.frequency_penalty, "presence_penalty": request.presence_penalty,
+        "logit_bias": request.logit_bias, "top_k": request.top_k, "min_tokens": request.min_tokens,
+        "repetition_penalty": request.repetition_penalty, "ignore_eos": request.ignore_eos,
+        "stop_token_ids": request.stop_token_ids,
+    }  # fmt: skip
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def _validation_error(reason: str) -> ApiError:
     """msgspec's reason with the offending field named as OpenAI's `param`."""
     at = _AT_PATH.search(reason)
-    path = at.group("path") if at else ""
+    path = at.group("path").replace("[...]", "") if at else ""  # a dict value: name the dict
     if unknown := _UNKNOWN_FIELD.match(reason):
         param = f"{path}.{unknown.group('field')}" if path else unknown.group("field")
         return ApiError(400, f"Unrecognized request argument supplied: {param}", code="unknown_parameter", param=param)
@@ -220,13 +238,16 @@ _STATUS_OF: dict[ErrorCode, tuple[int, str, str]] = {
 }
 
 
-def refusal_error(code: ErrorCode, message: str) -> ApiError:
-    """The HTTP error for a ProtocolError or an error frame; other retryable codes ask the client to back off."""
+def refusal_error(code: ErrorCode, message: str, retry_after_ms: int | None = None) -> ApiError:
+    """The HTTP error for a ProtocolError or an error frame; other retryable codes ask the client to back off
+    (for `retry_after_ms` when the refusal says how long, rounded up to whole seconds)."""
     status, type_, api_code = _STATUS_OF.get(code) or (
         (429, "rate_limit_error", code.value) if code.retryable else (500, "server_error", code.value)
     )
     param = "messages" if code is ErrorCode.PROMPT_TOO_LONG else None
-    retry_after = RETRY_AFTER_S if status in (429, 503) else None
+    retry_after = None
+    if status in (429, 503):
+        retry_after = -(-retry_after_ms // 1000) if retry_after_ms else RETRY_AFTER_S
     return ApiError(status, message, type_, api_code, param, retry_after)
 
 

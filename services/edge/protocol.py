@@ -31,8 +31,22 @@ class ChatFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     temperature: wire.Temperature = wire.DEFAULT_TEMPERATURE
     top_p: wire.TopP = wire.DEFAULT_TOP_P
     seed: wire.Seed | None = None
-    # Part of v1 and accepted; not used yet (a conversation id for placement by cache affinity).
+    priority: wire.Priority = 0  # among this tenant's own waiting chats: lower is served first
+    # Sampling controls (wire.Controls), each off by default.
+    top_k: wire.TopK = 0
+    stop: wire.StopStrings = []  # the text ends before the first of these (not included)
+    stop_token_ids: wire.StopTokenIds = []
+    ignore_eos: bool = False
+    min_tokens: wire.MaxTokens | Literal[0] = 0
+    frequency_penalty: wire.Penalty = 0.0
+    presence_penalty: wire.Penalty = 0.0
+    repetition_penalty: wire.RepetitionPenalty = 1.0
+    logit_bias: wire.LogitBias = {}  # token id -> bias added to its logit
+    # A conversation id: its turns stay on one worker while the load bound allows (placement.py).
     conversation: str | None = None
+
+    def controls(self) -> wire.Controls:
+        return wire.Controls(**{name: getattr(self, name) for name in wire.Controls.__struct_fields__})
 
 
 class CancelFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -57,14 +71,15 @@ FRAME_TYPES: dict[str, type] = {"chat": ChatFrame, "cancel": CancelFrame, "resum
 class ProtocolError(Exception):
     """A frame we refuse; the socket stays open and the client gets an error frame."""
 
-    def __init__(self, code: ErrorCode, message: str, chat_id: str | None = None):
+    def __init__(self, code: ErrorCode, message: str, chat_id: str | None = None, retry_after_ms: int | None = None):
         super().__init__(message)
         self.code = code
         self.message = message
         self.chat_id = chat_id
+        self.retry_after_ms = retry_after_ms
 
     def frame(self) -> ErrorFrame:
-        return ErrorFrame(self.chat_id, self.code, self.message, self.code.retryable)
+        return ErrorFrame(self.chat_id, self.code, self.message, self.code.retryable, self.retry_after_ms)
 
 
 NESTED_TOO_DEEPLY = "JSON nested too deeply"
@@ -86,7 +101,7 @@ def parse_client_frame(text: str | bytes) -> ClientFrame:
         known = ", ".join(FRAME_TYPES)
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown frame type {kind!r}; expected one of: {known}", chat_id)
     try:
-        return msgspec.convert(raw, FRAME_TYPES[kind])
+        return msgspec.convert(raw, FRAME_TYPES[kind], str_keys=True)  # JSON keys of logit_bias are token ids
     except msgspec.ValidationError as exc:
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), chat_id) from exc
 
@@ -122,11 +137,12 @@ class DoneFrame(msgspec.Struct, frozen=True, tag_field="type", tag="done"):
     usage: UsageBody
 
 
-class ErrorFrame(msgspec.Struct, frozen=True, tag_field="type", tag="error"):
+class ErrorFrame(msgspec.Struct, frozen=True, tag_field="type", tag="error", omit_defaults=True):
     id: str | None
     code: ErrorCode
     message: str
     retryable: bool
+    retry_after_ms: int | None = None  # overloaded, rate_limited: when a retry may succeed
 
 
 EdgeFrame = AcceptedFrame | ResumedFrame | TokenFrame | DoneFrame | ErrorFrame

@@ -27,7 +27,10 @@ from redis.exceptions import RedisError
 
 from services.edge.connection import Connection
 from services.edge.deadlines import Deadlines, overdue
+from services.edge.kv_index import KVIndex
+from services.edge.metering import EdgeMeter
 from services.edge.metrics import EdgeMetrics
+from services.edge.placer import Placer
 from services.edge.protocol import (
     AcceptedFrame,
     CancelFrame,
@@ -39,12 +42,15 @@ from services.edge.protocol import (
 )
 from services.edge.router_link import RefusalLog, RouterLinkServer
 from services.edge.settings import EdgeSettings
+from services.edge.tenancy import FleetLoad, NoFleet, TenantGate
 from services.edge.tenant_directory import TenantDirectory
 from shared import wire
 from shared.codes import ErrorCode
 from shared.health import Health
 from shared.link_auth import LinkKeys
-from shared.models.prompt_length import PromptLimit
+from shared.metering.publisher import UsagePublisher
+from shared.metering.records import UsageContext
+from shared.models.prompt_length import PromptLimit, PromptTokens
 from shared.producer import Producer
 from shared.routing_map import Route, RoutingMap
 from shared.seal import Seal
@@ -74,6 +80,8 @@ class EdgeService:
         prompt_limit: PromptLimit,
         registry: CollectorRegistry | None = None,
         health: Health | None = None,
+        fleet_load: FleetLoad = NoFleet(),
+        prompt_tokens: PromptTokens | None = None,
     ) -> None:
         self.settings = settings
         self.health = health or Health("edge", settings.edge_id)
@@ -91,6 +99,16 @@ class EdgeService:
         )
         self._routes = RoutingMap(redis)
         self._prompt_limit = prompt_limit
+        usage = UsagePublisher(producer, self._seal, self.topics.usage, self.metrics.usage_records)
+        self.meter = EdgeMeter(usage, settings.edge_id)  # metering.py: usage of streams whose worker died
+        # Tenancy: admission by tier against the fleet's load, and each tenant's limits and slots.
+        self.tenancy = TenantGate(settings.tenancy, redis, self.tenants, fleet_load)
+        # Placement: the worker (a requests partition it owns) each chat goes to (placer.py).
+        placement = settings.placement
+        index = KVIndex(placement.index_blocks_per_worker)
+        self.placer = Placer(
+            placement.policy, placement.load_bound, settings.engine, prompt_tokens, index, placement.conversations
+        )
         self._deadlines = Deadlines(settings.progress_timeout_s, settings.start_timeout_s)
         self._connections: dict[str, Connection] = {}
         self._detached: dict[str, tuple[float, int]] = {}  # request id -> (cancel at, epoch)
@@ -104,8 +122,11 @@ class EdgeService:
     async def close_connection(self, conn: Connection, grace: bool = True) -> None:
         """The client is gone; its unfinished streams are cancelled, after a grace period to resume."""
         self._connections.pop(conn.conn_id, None)
+        await self.tenancy.end_socket(conn.conn_id)
         if not grace:
             await self._cancel_by_epoch({chat.request_id: chat.epoch for chat in conn.chats()})
+            for chat in conn.chats():
+                await self.tenancy.end_stream(chat.request_id)
             return
         cancel_at = time.monotonic() + self.settings.resume_grace_s
         for chat in conn.chats():
@@ -161,13 +182,16 @@ class EdgeService:
         written for a chat that then fails is removed again.
         """
         self._check_new_chat(conn, frame.id)
-        if (reason := self._prompt_limit.excess(frame.messages)) is not None:
+        prompt_tokens, reason = self._prompt_limit.measure(frame.messages)
+        if reason is not None:
             raise ProtocolError(ErrorCode.PROMPT_TOO_LONG, reason, frame.id)
         # The default stays valid on a model whose context is shorter: the worker stops at the context.
         if frame.max_tokens > max(self._prompt_limit.context, wire.DEFAULT_MAX_TOKENS):
             reason = f"max_tokens {frame.max_tokens} is more than the model's context of {self._prompt_limit.context}"
             raise ProtocolError(ErrorCode.INVALID_MESSAGE, reason, frame.id)
         request_id, resume_token = uuid.uuid4().hex, secrets.token_urlsafe(24)
+        # The tenant's tier against the fleet's load, then its limits; from here on it holds a stream slot.
+        await self.tenancy.admit_chat(conn.tenant, frame.id, request_id, prompt_tokens, frame.max_tokens)
         request = wire.ChatRequest(
             request_id=request_id,
             edge_id=self.settings.edge_id,
@@ -179,20 +203,30 @@ class EdgeService:
             top_p=frame.top_p,
             seed=frame.seed,
             created_at=time.time(),
+            weight=self.tenants.tier(conn.tenant).weight,
+            priority=frame.priority,
+            controls=frame.controls(),
+            tier=self.tier_of(conn.tenant),
+            prompt_tokens=prompt_tokens,
         )
         payload = self._seal.encode(self.topics.requests, request)  # the frame's ranges are the wire's, so this cannot fail
         conn.open_chat(frame.id, request_id)
+        self.meter.admitted(request_id, UsageContext.of(request))
         routed = False
         try:
             await self._routes.put(request_id, Route(self.settings.edge_id, conn.conn_id), conn.tenant, resume_token)
             routed = True
             # Accepted goes out before the request can reach a worker, so it precedes every token.
             conn.send(AcceptedFrame(frame.id, request_id, resume_token))
-            await self._producer.send_and_wait(self.topics.requests, payload, key=request_id.encode())
+            placed = self.placer.place(request_id, conn.tenant, frame.messages, frame.conversation)
+            partition = placed[1] if placed else None  # None: the key's default partition
+            await self._producer.send_and_wait(self.topics.requests, payload, key=request_id.encode(), partition=partition)
             self.metrics.chats.labels(self.tier_of(conn.tenant)).inc()
         except (RedisError, KafkaError, OSError) as exc:
             log.warning("could not admit chat %s: %r", request_id, exc)
             conn.close_chat(request_id)
+            self.placer.in_flight.finish(request_id)
+            await self.tenancy.end_stream(request_id)
             if routed:
                 self._spawn(self._forget_route(request_id))
             raise ProtocolError(ErrorCode.UNAVAILABLE, "the service could not take this chat now; retry", frame.id) from exc
@@ -218,6 +252,7 @@ class EdgeService:
         except (RedisError, OSError) as exc:
             raise ProtocolError(ErrorCode.UNAVAILABLE, "cannot resume now; retry", frame.id) from exc
         self._detached.pop(frame.request_id, None)
+        await self.tenancy.adopt_stream(conn.tenant, frame.request_id)
         next_seq = frame.last_seq + 1
         conn.open_chat(frame.id, frame.request_id, next_seq=next_seq, epoch=epoch)
         conn.send(ResumedFrame(frame.id, frame.request_id, next_seq))
@@ -267,6 +302,9 @@ class EdgeService:
                 if chat.order.next_seq > 0 or not died:
                     message = f"worker {worker_id} was lost mid-stream; retry the request"
                     error = wire.Error.of(chat.request_id, ErrorCode.WORKER_LOST, message)
+                    if died and chat.order.next_seq > 0:  # tokens went out: the edge reports its usage
+                        tier, delivered = self.tier_of(conn.tenant), chat.order.next_seq
+                        self._spawn(self.meter.publish(self.meter.worker_died(chat.request_id, conn.tenant, tier, worker_id, delivered)))
                 else:
                     message = f"worker {worker_id} died while starting this request; it is not run again"
                     error = wire.Error.of(chat.request_id, ErrorCode.REQUEST_QUARANTINED, message)
@@ -307,6 +345,7 @@ class EdgeService:
                 if at <= now:
                     del self._detached[request_id]
                     expired[request_id] = epoch
+                    self._spawn(self.tenancy.end_stream(request_id))  # nobody resumed it here
             if expired:
                 with contextlib.suppress(Exception):
                     await self._cancel_by_epoch(expired)
@@ -316,6 +355,7 @@ class EdgeService:
         for delivery in deliveries:
             conn = self._connections.get(delivery.conn_id)
             if conn is None:
+                self.placer.settled(delivery.event)
                 continue
             try:
                 self._deliver(conn, delivery.event, delivery.worker_id)
@@ -324,6 +364,7 @@ class EdgeService:
 
     def _deliver(self, conn: Connection, event: wire.Event, worker_id: str | None = None) -> None:
         """`worker_id`: the worker that sent the event; None for the edge's own (a deadline, a lost worker)."""
+        self.placer.settled(event)
         delivered = conn.deliver(event, worker_id)
         if delivered is None:
             return
@@ -332,7 +373,9 @@ class EdgeService:
             return
         self.metrics.observe(delivered)
         if delivered.sent and delivered.chat.order.finished:
+            self.meter.forget(event.request_id)
             self._spawn(self._forget_route(event.request_id))
+            self._spawn(self.tenancy.end_stream(event.request_id))
 
     async def _forget_route(self, request_id: str) -> None:
         try:

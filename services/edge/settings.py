@@ -7,6 +7,9 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import Field
 
+from services.edge.placement_settings import PlacementSettings
+from services.edge.tenancy_settings import TenancySettings
+from shared.models.cache_salt import CacheSharing
 from shared.models.spec import ServedModel
 from shared.service_settings import ServiceSettings
 from shared.settings import Section
@@ -54,6 +57,10 @@ class EdgeSettings(ServiceSettings, ServedModel):
     """client port: WebSocket /v1/chat, the OpenAI-compatible API, the chat page, /healthz, /metrics"""
     internal: InternalListener = InternalListener()
     clients: ClientLimits = ClientLimits()
+    tenancy: TenancySettings = TenancySettings()
+    placement: PlacementSettings = PlacementSettings()
+    engine: CacheSharing = CacheSharing()
+    """the workers' prefix-cache isolation (their engine section's cache_isolation and cache_groups, the same flags and variables): placement salts a prompt's block hashes as they do"""
     tenants_file: Path | None = None
     """the tenants file (TOML: tenants, tiers, SHA-256 hashes of their keys, limits; `drivetrain tenants` edits it), re-read when it changes; unset: api_keys and tenant_tiers"""
     api_keys: str = "dev-key:dev"

@@ -12,6 +12,7 @@ from services.edge.tenants import (
     Tenant,
     TenantBook,
     TenantsError,
+    Tier,
     book_from_keys,
     parse_tenants,
 )
@@ -41,6 +42,10 @@ class TenantDirectory:
     def tier_of(self, tenant_id: str) -> str:
         tenant = self.book.tenants.get(tenant_id)
         return tenant.tier if tenant is not None else DEFAULT_TIER
+
+    def tier(self, tenant_id: str) -> Tier:
+        """The tenant's tier: its fair-share weight and its reserve."""
+        return self.book.tiers.get(self.tier_of(tenant_id), Tier())
 
     def holds(self, tenant_id: str, key_hash: str) -> bool:
         return self.book.holds(tenant_id, key_hash)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import tomli_w
 
+MAX_WEIGHT = 1000.0  # what the wire carries (wire.Weight)
 KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 TENANT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -76,6 +77,9 @@ class TenantBook:
     tiers: Mapping[str, Tier] = field(default_factory=lambda: dict(DEFAULT_TIERS))
 
     def __post_init__(self) -> None:
+        for name, tier in self.tiers.items():
+            if not 0 < tier.weight <= MAX_WEIGHT or not 0 <= tier.reserve < 1:
+                raise TenantsError(f"tier {name!r}: weight must be in (0, {MAX_WEIGHT:g}] and reserve in [0, 1)")
         by_hash: dict[str, str] = {}
         for tenant in self.tenants.values():
             if tenant.tier not in self.tiers:

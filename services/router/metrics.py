@@ -13,3 +13,11 @@ class RouterMetrics:
         self.cache_hits = Counter("drivetrain_router_route_cache_hits_total", "Routes found in the local cache", registry=registry)
         self.cache_misses = Counter("drivetrain_router_route_cache_misses_total", "Routes fetched from the Redis Cluster", registry=registry)
         self.dead_letters = Counter("drivetrain_router_dead_letters_total", "Malformed token messages sent to the dead-letter topic", registry=registry)
+        # The usage aggregate (metering.py).
+        self.usage_records = Counter(
+            "drivetrain_router_usage_records_total", "Usage records read, by outcome: counted, duplicate, dead_letter", ["outcome"], registry=registry
+        )
+        self.usage_tokens = Counter(
+            "drivetrain_router_usage_tokens_total", "Tokens counted into tenants' usage, by kind: prompt (computed), cached, completion",
+            ["kind"], registry=registry,
+        )

@@ -26,16 +26,19 @@ from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 from services.router.edge_links import EdgeLink, EdgeUnreachable, forward_frames
+from services.router.metering import UsageAggregator
 from services.router.metrics import RouterMetrics
 from services.router.settings import RouterSettings
 from shared import wire
 from shared.addresses import parse_address
 from shared.fleet_membership import join_fleet
 from shared.health import Health, Lifecycle
+from shared.infra.permissions import usage_meter_group
 from shared.kafka_clients import DeadLetters, make_consumer, make_producer
 from shared.link_auth import LinkKeys
 from shared.membership import Membership
 from shared.membership.member import GONE
+from shared.metering.ledger import Ledger
 from shared.metrics import GossipCollector, watch_consumer_lag
 from shared.producer import Producer
 from shared.redis_client import make_cluster
@@ -49,6 +52,7 @@ T = TypeVar("T")
 POLL_TIMEOUT_MS = 100
 ROUTE_RETRY_S = 0.5  # while the Redis Cluster fails over, lookups fail; wait and retry
 COMMIT_PERIOD_S = 0.1
+USAGE_STOP_S = 5.0  # the usage aggregate's poll in hand, counted and committed
 
 
 class _ServingOnAssignment(ConsumerRebalanceListener):
@@ -102,6 +106,12 @@ class RouterService:
         await consumer.start()
         lag = watch_consumer_lag(consumer, self.registry)
         committer = asyncio.create_task(self._commit_forwarded(consumer))
+        # The usage aggregate runs beside the token path, in a consumer group of its own.
+        usage = UsageAggregator(
+            kafka, self.topics, usage_meter_group(self.topics), name, self._seal, Ledger(redis), self._dead_letters, self.metrics
+        )
+        metering = asyncio.create_task(usage.run(stopping))
+        metering.add_done_callback(_report_failure)
         metrics = self.settings.metrics
         try:
             async with status_endpoint(self.registry, self.health, metrics.host, metrics.port):
@@ -115,6 +125,8 @@ class RouterService:
         finally:
             self.health.set(Lifecycle.STOPPED)
             committer.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(metering, USAGE_STOP_S)
             with contextlib.suppress(Exception):
                 await consumer.commit(self._forwarded)
             lag.cancel()
@@ -222,3 +234,8 @@ class RouterService:
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
         self.metrics.dead_letters.inc()
         await self._dead_letters.park(record, reason)
+
+
+def _report_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the usage aggregate stopped: %r", task.exception(), exc_info=task.exception())

@@ -14,9 +14,16 @@ from shared.codes import ErrorCode, FinishReason
 
 def engine_request(chat: wire.ChatRequest) -> EngineRequest:
     """The engine's request for a chat; ValueError if its sampling is out of the engine's range."""
-    sampling = SamplingParams(max_tokens=chat.max_tokens, temperature=chat.temperature, top_p=chat.top_p, seed=chat.seed)
+    c = chat.controls
+    sampling = SamplingParams(
+        max_tokens=chat.max_tokens, temperature=chat.temperature, top_p=chat.top_p, seed=chat.seed,
+        top_k=c.top_k, stop=tuple(c.stop), stop_token_ids=tuple(c.stop_token_ids), ignore_eos=c.ignore_eos,
+        min_tokens=min(c.min_tokens, chat.max_tokens), frequency_penalty=c.frequency_penalty,
+        presence_penalty=c.presence_penalty, repetition_penalty=c.repetition_penalty,
+        logit_bias=tuple(c.logit_bias.items()),
+    )  # fmt: skip
     messages = tuple(Message(m.role, m.content) for m in chat.messages)
-    return EngineRequest(chat.request_id, chat.tenant, messages, sampling)
+    return EngineRequest(chat.request_id, chat.tenant, messages, sampling, chat.weight, chat.priority)
 
 
 def wire_usage(usage: Usage | None) -> wire.Usage:

@@ -47,6 +47,7 @@ class EchoEngine:
         self._streams: dict[str, _EchoStream] = {}
         self._steps = 0
         self.start_listener: StartListener | None = None
+        self.kv_listener = None  # no KV cache: nothing to tell
 
     def add_request(self, request: EngineRequest) -> None:
         prompt_pieces = count_prompt_pieces(request.messages)
@@ -114,5 +115,10 @@ class EchoEngine:
         return list(self._streams)
 
     def load(self) -> EngineLoad:
-        running = len(self._running())
-        return EngineLoad(running=running, waiting=len(self._streams) - running, steps=self._steps)
+        streams = list(self._streams.values())  # one read: the engine thread changes the dict
+        running = min(len(streams), self.max_running) if self.max_running else len(streams)
+        waiting_tokens = sum(s.prompt_pieces for s in streams[running:])
+        return EngineLoad(
+            running=running, waiting=len(streams) - running, steps=self._steps,
+            max_running=self.max_running, waiting_tokens=waiting_tokens,
+        )

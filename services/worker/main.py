@@ -11,12 +11,13 @@ from services.worker.settings import WorkerSettings
 from shared.fleet_membership import is_alive, join_fleet, on_departure, publish_load
 from shared.health import Health, Lifecycle
 from shared.metrics import GossipCollector
+from shared.partition_owners import REQUESTS_ADDRESS, format_partitions
 from shared.redis_client import make_cluster
 from shared.routing_map import RoutingMap
 from shared.runtime import run_until_signalled, setup_logging
 
-# What the fleet hears of a worker's load (edges will place requests by it).
-GOSSIPED_LOAD = ("running", "waiting", "kv_usage", "free_kv_blocks")
+# What the fleet hears of a worker's load (edges place requests by it and admit by it).
+GOSSIPED_LOAD = ("running", "waiting", "kv_usage", "free_kv_blocks", "max_running", "waiting_tokens", "kv_tokens")
 DRAIN_BACKSTOP_MARGIN_S = 10.0  # past the drain timeout: leaving the group and gossip, flushing the producer
 
 
@@ -40,7 +41,12 @@ def gossiped_load(engine: GenerationEngine) -> dict[str, int | float]:
 async def serve_worker(settings: WorkerSettings, engine: GenerationEngine, health: Health, stopping: asyncio.Event) -> None:
     redis = make_cluster(settings.redis)
     membership = await join_fleet(settings, settings.name, "worker", {}, gossiped_load(engine))
-    service = WorkerService(settings, engine, RoutingMap(redis), lambda wid: is_alive(membership, wid), health)
+    def publish_assignment(partitions: frozenset[int]) -> None:
+        membership.set_addresses({REQUESTS_ADDRESS: format_partitions(partitions)})
+
+    service = WorkerService(
+        settings, engine, RoutingMap(redis), lambda wid: is_alive(membership, wid), health, publish_assignment
+    )
     service.registry.register(GossipCollector(membership))
     on_departure(membership, "edge", lambda edge_id, died: service.cancel_edge_unless_back(edge_id, membership))
     loading = asyncio.create_task(publish_load(membership, lambda: gossiped_load(engine)))

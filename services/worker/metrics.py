@@ -47,3 +47,6 @@ class WorkerMetrics:
         self.batches = Counter("drivetrain_worker_token_batches_total", "Token messages published (one per step per edge)", registry=registry)
         self.dead_letters = Counter("drivetrain_worker_dead_letters_total", "Malformed messages sent to the dead-letter topic", registry=registry)
         self.quarantined = Counter("drivetrain_worker_quarantined_total", "Requests not run because a worker died running them", registry=registry)
+        self.usage_records = Counter(
+            "drivetrain_worker_usage_records_total", "Usage records of ended streams, by outcome: sent, lost", ["outcome"], registry=registry
+        )

@@ -37,6 +37,8 @@ from services.worker.engine.types import (
     Usage,
 )
 from services.worker.engine_thread import EngineThread
+from services.worker.kv_events import KVEventCollector, publish_kv_events
+from services.worker.metering import WorkerMeter
 from services.worker.metrics import WorkerMetrics
 from services.worker.offset_tracker import OffsetTracker
 from services.worker.settings import WorkerSettings
@@ -48,6 +50,8 @@ from shared.fleet_membership import is_alive
 from shared.health import Health, Lifecycle
 from shared.kafka_clients import DeadLetters, make_consumer, make_producer
 from shared.membership import Membership
+from shared.metering.publisher import UsagePublisher
+from shared.metering.records import UsageContext
 from shared.metrics import watch_consumer_lag
 from shared.producer import Producer
 from shared.routing_map import RoutingMap
@@ -73,8 +77,10 @@ class _Revocations(ConsumerRebalanceListener):
         unstarted = self._service.offsets.forget_partitions(set(revoked))
         log.info("partitions revoked: %s; %d requests not started are left to their next owner", sorted(revoked), len(unstarted))
         self._service.drop_unstarted(unstarted)
+        self._service.assignment_changed(set())
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._service.assignment_changed(assigned)
         self._service.announce_serving()
 
 
@@ -86,10 +92,12 @@ class WorkerService:
         routes: RoutingMap,
         is_alive: Callable[[str], bool],
         health: Health | None = None,
+        on_assignment: Callable[[frozenset[int]], None] | None = None,
     ) -> None:
         self.settings = settings
         self.topics = settings.topics
         self.health = health or Health("worker", settings.name)
+        self._on_assignment = on_assignment  # told the requests partitions this worker owns (gossip)
         self._seal = Seal(settings.fleet_secret, settings.name)
         self.offsets = OffsetTracker()
         self._engine = engine
@@ -104,6 +112,7 @@ class WorkerService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tokens: TokenPublisher | None = None
         self._dead_letters: DeadLetters | None = None
+        self._meter: WorkerMeter | None = None
         self._background: set[asyncio.Task] = set()
         self.registry = CollectorRegistry()
         self.metrics = WorkerMetrics(self.registry, engine.load)
@@ -115,6 +124,8 @@ class WorkerService:
         producer = self._producer = make_producer(kafka, client_id=name)
         self._dead_letters = DeadLetters(producer, self.topics.dead_letter, name)
         self._tokens = TokenPublisher(producer, self._seal, self.topics.tokens, name, self.settings.token_shards, self._break_streams)
+        usage = UsagePublisher(producer, self._seal, self.topics.usage, self.metrics.usage_records)
+        self._meter = WorkerMeter(usage, name)  # metering.py: one usage record per stream it ends
         requests = make_consumer(kafka, client_id=name, group_id=f"{self.topics.prefix}-workers")
         requests.subscribe([self.topics.requests], listener=_Revocations(self))
         # Every worker must see every control message, so that topic is read without a group.
@@ -126,12 +137,15 @@ class WorkerService:
         self._loop = asyncio.get_running_loop()
         self._engine.start_listener = self._record_starts
         self._thread = EngineThread(self._engine, self._loop, self._outbox.put_nowait)
+        kv_events = KVEventCollector()
+        self._engine.kv_listener = kv_events  # before the thread starts: the engine reads it there
         self._thread.start()
         metrics = self.settings.metrics
         try:
             async with status_endpoint(self.registry, self.health, metrics.host, metrics.port), asyncio.TaskGroup() as tasks:
                 consuming = tasks.create_task(self._consume_requests(requests, stopping))
                 rest = [tasks.create_task(self._consume_control(control)), tasks.create_task(self._publish_outputs())]
+                rest.append(tasks.create_task(self._publish_kv_events(kv_events)))
                 await stopping.wait()
                 await self._drain(requests, consuming)
                 for task in rest:
@@ -165,6 +179,7 @@ class WorkerService:
         self.drop_unstarted(self.offsets.forget_partitions(set(requests.assignment())))
         with contextlib.suppress(Exception):
             await requests.stop()  # leaves the group: a rebalance, not a session timeout
+        self.assignment_changed(set())
         deadline = time.monotonic() + self.settings.drain_timeout_s
         while self._streams.active and time.monotonic() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
@@ -182,7 +197,9 @@ class WorkerService:
         message = "the worker stopped before this stream finished; retry the request"
         by_edge: dict[str, list[wire.Event]] = defaultdict(list)
         epochs: dict[str, dict[str, int]] = defaultdict(dict)
-        for stream in self._take_streams(request_ids):
+        taken = self._take_streams(request_ids)
+        await self._meter.worker_ended(taken, ErrorCode.WORKER_DRAINING)
+        for stream in taken:
             error = wire.Error.of(stream.request_id, ErrorCode.WORKER_DRAINING, message, stream.next_seq)
             stream.log.append(error)
             by_edge[stream.edge_id].append(error)
@@ -235,7 +252,7 @@ class WorkerService:
             if not self._is_alive(owner):
                 await self._quarantine(chat, owner)
             return None
-        self._streams.open(chat.request_id, chat.edge_id)
+        self._streams.open(chat.request_id, chat.edge_id).usage = UsageContext.of(chat)
         try:
             request = engine_request(chat)
         except ValueError as exc:  # the wire schema holds the same limits: only a skewed peer gets here
@@ -268,6 +285,17 @@ class WorkerService:
         if self.health.state is Lifecycle.STARTING:
             log.info("worker %s serving (model %s)", self.settings.name, self.settings.model)
         self.health.set(Lifecycle.SERVING)
+
+    def assignment_changed(self, assigned: set[TopicPartition]) -> None:
+        """The group moved the requests partitions: tell the fleet which are this worker's now."""
+        if self._on_assignment is not None:
+            self._on_assignment(frozenset(tp.partition for tp in assigned if tp.topic == self.topics.requests))
+
+    async def _publish_kv_events(self, collector: KVEventCollector) -> None:
+        interval_s = self.settings.kv_events_interval_s
+        if interval_s > 0:
+            block_size = self.settings.engine.block_size
+            await publish_kv_events(collector, self._producer, self._seal, self.topics.kv_events, block_size, interval_s)
 
     def drop_unstarted(self, request_ids: list[str]) -> None:
         """Requests of partitions taken away before they started: their new owner runs them."""
@@ -363,6 +391,7 @@ class WorkerService:
                 if stream.epoch:
                     epochs[stream.edge_id][stream.request_id] = stream.epoch
                 if output.finished:
+                    await self._meter.output_ended(stream, output)  # queued before the batch that ends it
                     self._streams.end(output.request_id)
                     self.offsets.started(output.request_id)  # ended before starting: nothing holds its offset
             for edge_id, events in by_edge.items():
@@ -373,13 +402,17 @@ class WorkerService:
     def _break_streams(self, request_ids: list[str]) -> None:
         """Kafka lost some of these streams' events: they end here, and their edges are told (token_path.py)."""
         by_edge: dict[str, dict[str, int]] = defaultdict(dict)
-        for stream in self._take_streams(request_ids):
+        taken = self._take_streams(request_ids)
+        self._keep(asyncio.create_task(self._meter.worker_ended(taken, ErrorCode.UNAVAILABLE)))
+        for stream in taken:
             by_edge[stream.edge_id][stream.request_id] = stream.epoch
             self.offsets.started(stream.request_id)  # its start may be what was lost: it must not hold the offset
         for edge_id, epochs in by_edge.items():
-            task = asyncio.create_task(self._tokens.tell_broken(edge_id, epochs, BROKEN_TELL_S))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._keep(asyncio.create_task(self._tokens.tell_broken(edge_id, epochs, BROKEN_TELL_S)))
+
+    def _keep(self, task: asyncio.Task) -> None:
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
         self.metrics.dead_letters.inc()

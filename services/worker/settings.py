@@ -43,6 +43,8 @@ class WorkerSettings(ServiceSettings, ServedModel):
     """how long a stream's events are kept to replay to a resuming client"""
     drain_timeout_s: float = 20.0
     """on SIGTERM, how long running streams may take to finish; those still running then end with worker_draining"""
+    kv_events_interval_s: float = 0.05
+    """how often the prefix-cache blocks stored and evicted since the last time go to the kv-events topic, for edges to place requests by; 0 publishes none"""
     echo: EchoSettings = EchoSettings()
     engine: EngineSettings = EngineSettings()
     metrics: MetricsSettings = MetricsSettings()

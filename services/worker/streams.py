@@ -13,6 +13,7 @@ from cachetools import TTLCache
 from services.worker.convert import wire_events
 from services.worker.engine.types import EngineOutput
 from shared import wire
+from shared.metering.records import UsageContext
 
 
 @dataclass
@@ -22,6 +23,7 @@ class Stream:
     epoch: int = 0
     next_seq: int = 0
     log: list[wire.Event] = field(default_factory=list)
+    usage: UsageContext | None = None  # who is billed for it, once it has reached the engine
 
     def events_for(self, output: EngineOutput) -> list[wire.Event]:
         """The output as the next seq-numbered events, kept for a replay."""

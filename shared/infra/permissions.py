@@ -3,7 +3,8 @@
 The roles' needs are read off the code: the edge writes requests and control messages
 and keeps routes; a worker reads requests and control, writes tokens and dead letters,
 and reads who claimed a request; a router reads tokens and routes, writes dead letters
-and claims. Kafka gets them as ACL bindings on one fleet's topics and groups, Redis as
+and claims; workers and edges write usage records, which routers read and count in Redis
+(`drivetrain usage` reads the counters as admin). Kafka gets them as ACL bindings on one fleet's topics and groups, Redis as
 ACL rules (commands plus key patterns). Nothing here talks to a server.
 """
 
@@ -61,6 +62,11 @@ def router_group(topics: TopicLayout) -> str:
     return f"{topics.prefix}-routers"
 
 
+def usage_meter_group(topics: TopicLayout) -> str:
+    """The routers' second group: the usage topic's aggregate (shared/metering)."""
+    return f"{topics.prefix}-usage-meter"
+
+
 def kafka_grants(topics: TopicLayout) -> list[KafkaGrant]:
     """The ACLs one fleet's topics need. Read and Write imply Describe; Write on a topic
     also lets an idempotent producer get its producer id (KIP-679), so no cluster ACL."""
@@ -78,6 +84,16 @@ def kafka_grants(topics: TopicLayout) -> list[KafkaGrant]:
         KafkaGrant(router, t, topics.tokens, read),
         KafkaGrant(router, t, topics.dead_letter, write),
         KafkaGrant(router, g, router_group(topics), read),
+        # Usage: workers and edges report finished requests, routers count them.
+        KafkaGrant(worker, t, topics.usage, write),
+        KafkaGrant(edge, t, topics.usage, write),
+        KafkaGrant(router, t, topics.usage, read),
+        KafkaGrant(router, g, usage_meter_group(topics), read),
+        # KV-cache events: workers tell every edge what their prefix caches hold (read without a
+        # group); an edge dead-letters a record it cannot read.
+        KafkaGrant(worker, t, topics.kv_events, write),
+        KafkaGrant(edge, t, topics.kv_events, read),
+        KafkaGrant(edge, t, topics.dead_letter, write),
     ]
 
 
@@ -90,7 +106,7 @@ _CLIENT_COMMANDS = "+auth +hello +ping +readonly +command +cluster|slots +cluste
 _REDIS_RULES = {
     Role.EDGE: "~route:* +hset +expire +hmget +hincrby +del",
     Role.WORKER: "%R~claim:* +get",
-    Role.ROUTER: "%R~route:* %W~claim:* +hmget +set",
+    Role.ROUTER: "%R~route:* %W~claim:* ~usage:* +hmget +set +eval +hincrby +expire +sadd",  # usage: ledger.py
 }
 
 

@@ -9,6 +9,8 @@ from shared.models.echo import count_prompt_pieces
 from shared.models.spec import ModelSpec
 from shared.models.tokenizer import ChatTurn, Tokenizer, template_messages
 
+PromptTokens = Callable[[Sequence[ChatTurn]], list[int]]
+
 
 @dataclass(frozen=True)
 class PromptLimit:
@@ -17,15 +19,28 @@ class PromptLimit:
 
     def excess(self, messages: Sequence[ChatTurn]) -> str | None:
         """None if the prompt fits the model's context, else why it does not."""
+        return self.measure(messages)[1]
+
+    def measure(self, messages: Sequence[ChatTurn]) -> tuple[int, str | None]:
+        """The prompt's length, and why it does not fit the model's context (None if it does)."""
         length = self.count(messages)
         if length > self.context:
-            return f"prompt is {length} tokens; the model's context holds {self.context}"
+            return length, f"prompt is {length} tokens; the model's context holds {self.context}"
+        return length, None
+
+
+def prompt_tokens(spec: ModelSpec) -> PromptTokens | None:
+    """The token ids a worker's engine makes of a chat (its chat template, tokenized); None for the echo model."""
+    if spec.is_echo:
         return None
+    tokenizer = Tokenizer.from_folder(spec.tokenizer_folder)
+    return lambda messages: tokenizer.apply_chat_template(template_messages(messages))
 
 
-def prompt_limit(spec: ModelSpec) -> PromptLimit:
-    """The echo model counts word pieces; real models count the chat template's tokens."""
+def prompt_limit(spec: ModelSpec, tokens: PromptTokens | None = None) -> PromptLimit:
+    """The echo model counts word pieces; real models count the chat template's tokens (`tokens`,
+    when the caller has them already)."""
     if spec.is_echo:
         return PromptLimit(count_prompt_pieces, spec.max_model_len)
-    tokenizer = Tokenizer.from_folder(spec.tokenizer_folder)
-    return PromptLimit(lambda messages: len(tokenizer.apply_chat_template(template_messages(messages))), spec.max_model_len)
+    count = tokens or prompt_tokens(spec)
+    return PromptLimit(lambda messages: len(count(messages)), spec.max_model_len)

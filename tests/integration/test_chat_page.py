@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import struct
 from collections.abc import AsyncIterator, Iterator
@@ -28,6 +29,22 @@ CHROMIUM_ARGS = [
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "chat-page.png"
 STREAM_TIMEOUT_MS = 30_000
 MARKUP = "<script>alert(1)</script><b>bold</b>"
+# The echo model sends this back: a reply with a code block, a list, a table, inline code and a
+# link whose target is script.
+MARKDOWN = """Here is `hello.py`:
+
+```python
+print("<hi>")
+```
+
+- one
+- two
+
+| a | b |
+|---|---|
+| 1 | 2 |
+
+[click me](javascript:alert(document.domain))"""
 # The last reply's text while it is still streaming (checked in one go, in the page).
 MID_STREAM_TEXT = """() => {
   const reply = [...document.querySelectorAll(".message.assistant")].pop();
@@ -249,6 +266,69 @@ async def test_phone_width_and_dark_theme(browser, page_fleet):
         await context.close()
 
 
+async def test_reply_renders_as_markdown_with_script_links_neutralised(chat):
+    await chat.page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    await chat.open()
+    await chat.ask(MARKDOWN)
+    reply = chat.reply()
+    await chat.wait_finished(reply)
+    body = reply.locator(".body")
+    code = body.locator("pre > code")
+    await expect(code).to_have_text('print("<hi>")\n')
+    await expect(code).to_have_class("language-python")
+    await expect(body.locator(":not(pre) > code")).to_have_text("hello.py")
+    await expect(body.locator("li")).to_have_text(["one", "two"])
+    await expect(body.locator("table td")).to_have_text(["1", "2"])
+    link = body.get_by_text("click me")
+    await expect(link).to_have_count(1)
+    href = await link.get_attribute("href")
+    assert href is None or not href.strip().lower().startswith("javascript:"), href
+    await link.click()
+    assert chat.dialogs == []
+    await expect(chat.page.locator(".message.user .body")).to_have_text(MARKDOWN)  # the question stays as typed
+
+    await reply.get_by_role("button", name="Copy code").click()
+    await expect(reply.locator(".copy")).to_have_text("Copied")
+    assert await chat.page.evaluate("navigator.clipboard.readText()") == 'print("<hi>")\n'
+
+    stats = reply.locator(".stats")
+    await expect(stats.locator(".ttft")).to_have_text(re.compile(r"^\d+ ms to first token$"))
+    await expect(stats.locator(".rate")).to_have_text(re.compile(r"^[\d.]+ tokens/s$"))
+    await expect(stats.locator(".cached")).to_have_text(re.compile(r"^0 of \d+ prompt tokens cached$"))
+
+
+async def test_settings_panel_sets_temperature_max_tokens_and_system_prompt(chat):
+    await chat.open()
+    await chat.page.get_by_role("button", name="Settings").click()
+    dialog = chat.page.get_by_role("dialog", name="Settings")
+    await dialog.get_by_label("Temperature").fill("0")
+    await dialog.get_by_label("Max tokens").fill("3")
+    await dialog.get_by_label("System prompt").fill("Answer briefly.")
+    await dialog.get_by_role("button", name="Save").click()
+    await expect(dialog).to_be_hidden()
+
+    await chat.ask("one two three four five")
+    assert (await chat.wait_finished(chat.reply(), "length")).strip() == "one two three"
+    (frame,) = chat.chat_frames()
+    assert frame["temperature"] == 0 and frame["max_tokens"] == 3
+    assert frame["messages"] == [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "one two three four five"},
+    ]
+    await chat.page.reload()  # kept in the browser
+    await chat.page.get_by_role("button", name="Settings").click()
+    await expect(dialog.get_by_label("Max tokens")).to_have_value("3")
+    await expect(dialog.get_by_label("System prompt")).to_have_value("Answer briefly.")
+
+
+async def test_without_the_markdown_libraries_replies_are_plain_text(chat):
+    await chat.page.route("**/vendor/*", lambda route: route.abort())
+    await chat.open()
+    await chat.ask("**not bold** and `not code`")
+    assert await chat.wait_finished(chat.reply()) == "**not bold** and `not code`"
+    assert await chat.page.locator(".messages strong, .messages code").count() == 0
+
+
 async def test_screenshot_of_a_conversation(chat, tmp_path):
     await chat.open()
     await chat.ask("Plan a three day trip to Lisbon")
@@ -256,7 +336,11 @@ async def test_screenshot_of_a_conversation(chat, tmp_path):
     await chat.page.get_by_role("button", name="New conversation").click()
     await chat.ask("Hello! Replies stream back word by word, in order, over one WebSocket.")
     await chat.wait_finished(chat.reply())
-    await chat.ask("Several chats share the socket, told apart by their id.")
+    await chat.ask(
+        "Replies render as **Markdown**, with `inline code`, lists and code:\n\n"
+        "- several chats share the socket\n- each is told apart by its `id`\n\n"
+        '```python\nsock = await ChatSocket.open(url)\nawait sock.chat("c1", "Hello")\n```'
+    )
     await chat.wait_finished(chat.reply(1))
     await chat.ask(
         "Stop cuts a reply short: the words already shown stay on the page, the worker frees its "

@@ -58,7 +58,7 @@ async def test_project_topics_have_the_layout_partition_counts(
     infra: InfraSettings, admin: AIOKafkaAdminClient
 ) -> None:
     wanted = infra.topics.partitions()
-    assert len(wanted) == 4
+    assert len(wanted) == 6  # requests, tokens, control, dead-letter, usage, kv-events
     assert await describe_partitions(admin, list(wanted)) == wanted
 
 

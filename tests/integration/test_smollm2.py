@@ -9,9 +9,12 @@ from openai import AsyncOpenAI
 
 from services.launcher.fleet import Fleet
 from shared.chat_client import ChatSocket
+from shared.models.spec import resolve_model
+from shared.models.tokenizer import Tokenizer
 from tests.conftest import start_fleet
 
 QUESTION = "What is the capital of France?"
+REPEAT = "Count: one, two, one, two, one, two, one, two,"  # greedy goes on repeating it
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +49,32 @@ async def test_openai_client_gets_the_same_answer(smollm2_fleet):
     )
     assert "Paris" in reply.choices[0].message.content
     assert reply.usage.prompt_tokens_details.cached_tokens >= 16
+
+
+async def test_openai_sampling_controls_reach_the_model(smollm2_fleet):
+    """stop, logit_bias and each penalty, from the official client, change what the real model writes."""
+    tokenizer = Tokenizer.from_folder(resolve_model("smollm2").tokenizer_folder)
+    async with AsyncOpenAI(base_url=f"http://127.0.0.1:{smollm2_fleet.spec.base_port}/v1", api_key="dev-key") as client:
+
+        async def answer(question: str = QUESTION, **controls) -> tuple[str, str]:
+            messages = [{"role": "user", "content": question}]
+            reply = await client.chat.completions.create(
+                model="smollm2", messages=messages, temperature=0, **({"max_tokens": 24} | controls)
+            )
+            return reply.choices[0].message.content, reply.choices[0].finish_reason
+
+        plain, _ = await answer()
+        assert "Paris" in plain
+        cut, reason = await answer(stop=["Paris", "never-seen"])
+        assert reason == "stop" and plain.startswith(cut) and "Paris" not in cut
+        (forced,) = tokenizer.encode(" banana", add_special_tokens=False)[:1]
+        biased, _ = await answer(logit_bias={str(forced): 100}, max_tokens=3)
+        assert biased == tokenizer.decode([forced] * 3)
+        # Penalties show on an answer that repeats itself.
+        repeated, _ = await answer(REPEAT)
+        assert repeated.lower().count("two") >= 5, repeated
+        for penalty in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"repetition_penalty": 1.8}):
+            # repetition_penalty is vLLM's, not OpenAI's: the client sends it as an extra field.
+            extra = {"extra_body": penalty} if "repetition_penalty" in penalty else penalty
+            changed, _ = await answer(REPEAT, **extra)
+            assert changed.lower().count("two") < repeated.lower().count("two"), (penalty, changed)

@@ -14,8 +14,9 @@ from websockets.exceptions import InvalidStatus
 from services.edge.tenants import TenantBook
 from services.edge.tenants_command import write_atomically
 from services.launcher.fleet import Fleet
+from shared import wire
 from shared.chat_client import ChatSocket
-from tests.conftest import start_fleet
+from tests.conftest import KafkaTap, start_fleet
 
 REVOKE_WITHIN_S = 3.0  # the edge looks at the file every second
 
@@ -37,6 +38,19 @@ def fleet(topics, fleet_logs, tenants) -> Iterator[Fleet]:
         fleet = start_fleet(topics, fleet_logs, edges=1, routers=1, workers=1, model="echo", echo_delay_ms=5)
     yield fleet
     fleet.stop()
+
+
+async def test_a_chat_carries_its_tiers_weight_and_its_priority_to_the_worker(fleet, tenants, infra, topics):
+    _, keys = tenants
+    async with KafkaTap(infra, topics.requests, topics.requests_partitions) as tap:
+        sock = await ChatSocket.open(fleet.spec.chat_url(0), api_key=keys["acme"])
+        try:
+            await sock.send({"type": "chat", "id": "p", "priority": -3, "messages": [{"role": "user", "content": "hi"}]})
+            assert (await sock.collect("p")).final["type"] == "done"
+        finally:
+            await sock.close()
+        requests = [r for r in await tap.messages(wire.ChatRequest, 5.0) if r.tenant == "acme"]
+    assert [(r.weight, r.priority) for r in requests] == [(2.0, -3)]  # acme is "pro": weight 2
 
 
 async def refused_with(url: str, key: str) -> int | None:

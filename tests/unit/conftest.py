@@ -18,3 +18,29 @@ def faulty_runner():
             return super().run(out)
 
     return FaultyRunner
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """The `tiny` shape with an untied head and strong projections (std 0.2).
+
+    With the stock random weights (tied, std 0.02) greedy decoding just repeats the last
+    token whatever came before, so a wrong KV read would go unnoticed; here every output
+    depends on the whole context (test_engine checks it), so the comparisons can fail.
+    """
+    import dataclasses
+
+    import torch
+
+    from services.worker.engine.model import LlamaModel
+    from shared.models.shapes import SHAPES
+
+    model = LlamaModel(dataclasses.replace(SHAPES["tiny"], tie_word_embeddings=False))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.2 if "proj" in name else 1.0, generator=generator)
+    return model.eval()

@@ -5,7 +5,6 @@ repeatable; stop conditions; the padding rows that CUDA graphs rely on."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
 import os
 import random
@@ -22,7 +21,6 @@ from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduler import ScheduledChunk, SchedulerOutput
 from services.worker.engine.settings import EngineSettings
 from services.worker.engine.weights import load_model
-from shared.models.shapes import SHAPES
 from shared.models.spec import context_length, resolve_model
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
@@ -35,25 +33,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny() -> LlamaModel:
-    """The `tiny` shape with an untied head and strong projections (std 0.2).
-
-    With the stock random weights (tied, std 0.02) greedy decoding just repeats the last
-    token whatever came before, so a wrong KV read would go unnoticed; here every output
-    depends on the whole context (checked below), so the comparisons can fail.
-    """
-    model = LlamaModel(dataclasses.replace(SHAPES["tiny"], tie_word_embeddings=False))
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 0.2 if "proj" in name else 1.0, generator=generator)
-    return model.eval()
 
 
 def test_tiny_fixture_output_depends_on_early_context(tiny: LlamaModel) -> None:

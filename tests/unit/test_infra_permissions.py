@@ -7,6 +7,7 @@ from shared.infra.permissions import (
     Role,
     kafka_grants,
     redis_acl_file,
+    usage_meter_group,
 )
 from shared.infra.settings import InfraSettings
 from shared.topics import TopicLayout
@@ -29,7 +30,19 @@ def test_only_workers_write_tokens_and_only_edges_write_requests():
     assert who(topics.tokens, Operation.WRITE) == {Role.WORKER}
     assert who(topics.tokens, Operation.READ) == {Role.ROUTER}
     assert who(topics.requests, Operation.WRITE) == {Role.EDGE}
-    assert {g.name for g in grants if g.resource is ResourceType.GROUP} == {"p-workers", "p-routers"}
+    assert who(topics.kv_events, Operation.WRITE) == {Role.WORKER}
+    assert who(topics.kv_events, Operation.READ) == {Role.EDGE}
+    assert {g.name for g in grants if g.resource is ResourceType.GROUP} == {"p-workers", "p-routers", "p-usage-meter"}
+
+
+def test_workers_and_edges_report_usage_and_routers_count_it():
+    topics = TopicLayout(prefix="p")
+    grants = kafka_grants(topics)
+    on_usage = {(g.role, g.operation) for g in grants if g.name == topics.usage}
+    assert on_usage == {(Role.WORKER, Operation.WRITE), (Role.EDGE, Operation.WRITE), (Role.ROUTER, Operation.READ)}
+    assert {g.role for g in grants if g.name == usage_meter_group(topics)} == {Role.ROUTER}
+    router = next(line for line in redis_acl_file(InfraSecrets.generate().redis_sha256()).splitlines() if line.startswith("user router "))
+    assert "~usage:*" in router and "+eval" in router and "+hincrby" in router
 
 
 def test_the_acl_file_turns_the_default_user_off_and_holds_only_hashes():

@@ -33,7 +33,9 @@ class StandIn:
     async def stop(self) -> None:
         self.stopped += 1
 
-    async def send(self, topic: str, value: bytes | None, key: bytes | None = None) -> asyncio.Future:
+    async def send(
+        self, topic: str, value: bytes | None, key: bytes | None = None, partition: int | None = None
+    ) -> asyncio.Future:
         self.sent.append((topic, value, key))
         delivery = asyncio.get_running_loop().create_future()
         if self.fail_with is None:

@@ -123,3 +123,26 @@ def test_resume_point_outside_any_stream_is_invalid(last_seq):
     text = json.dumps({"type": "resume", "id": "c1", "request_id": "r", "resume_token": "t", "last_seq": last_seq})
     error = error_of(text)
     assert (error.code, error.chat_id) == ("invalid_message", "c1")
+
+
+def test_sampling_controls_travel_to_the_wire_and_through_it():
+    frame = parse_client_frame(chat(
+        top_k=5, stop=["END"], stop_token_ids=[2], ignore_eos=True, min_tokens=3, frequency_penalty=0.5,
+        presence_penalty=-1, repetition_penalty=1.2, logit_bias={"42": 100, "7": -100},
+    ))  # fmt: skip
+    controls = frame.controls()
+    assert controls.logit_bias == {42: 100.0, 7: -100.0} and controls.stop == ["END"] and controls.min_tokens == 3
+    request = wire.ChatRequest("r", "e", "c", "t", [wire.Message("user", "Hi")], controls=controls)
+    assert wire.decode(wire.encode(request), wire.ChatRequest).controls == controls
+    assert parse_client_frame(chat()).controls() == wire.Controls()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"frequency_penalty": 2.5}, {"presence_penalty": -3}, {"repetition_penalty": 0}, {"logit_bias": {"x": 1}},
+     {"logit_bias": {"1": 101}}, {"stop": [""]}, {"stop": ["a"] * 17}, {"top_k": -1}, {"min_tokens": -1},
+     {"stop_token_ids": [-1]}, {"ignore_eos": "yes"}],
+)  # fmt: skip
+def test_sampling_controls_out_of_range_are_invalid_messages(fields):
+    error = error_of(chat(**fields))
+    assert (error.code, error.chat_id) == ("invalid_message", "c1")

@@ -45,6 +45,8 @@ def test_a_key_finds_its_tenant_by_hash_and_the_file_never_holds_it():
         ("[tenants.acme.limits]\nrequests_per_min = -1\n", "must be a number >= 0"),
         ('[tenant.acme]\ntier = "pro"\n', "unknown top-level tables"),
         ("[tenants.'bad id!']\n", "ids are letters"),
+        ("[tiers.gold]\nweight = 0\n", "tier 'gold': weight must be in (0, 1000]"),
+        ("[tiers.gold]\nreserve = 1.5\n", "reserve in [0, 1)"),
     ],
 )
 def test_anything_wrong_in_the_file_is_refused_with_the_reason(text, reason):

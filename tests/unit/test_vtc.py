@@ -122,3 +122,31 @@ def test_the_engine_settings_choose_the_order_and_the_weights():
     vtc = waiting_order(EngineSettings(tenant_weights="gold:2,base:0.5", vtc_output_weight=3.0))
     assert isinstance(vtc, VirtualTokenCounters)
     assert vtc.costs.weight("gold") == 2.0 and vtc.costs.weight("other") == 1.0 and vtc.costs.w_out == 3.0
+
+
+def test_the_weight_a_request_carries_gives_its_tenant_that_share():
+    """The edge puts the tenant's tier weight on each request; the engine's own setting, when it names the tenant, wins."""
+    rng = random.Random(5)
+    order = VirtualTokenCounters(VTCCosts(weights={"pinned": 1.0}))
+    for i in range(300):
+        for tenant, weight in (("enterprise", 4.0), ("free", 1.0), ("pinned", 4.0)):
+            r = request(tenant, i)
+            r.weight = weight
+            order.add(r)
+    served = [serve(order, rng, outputs=(8, 8)).tenant for _ in range(300)]
+    assert served.count("enterprise") / served.count("free") == pytest.approx(4.0, rel=0.15)
+    assert served.count("pinned") == pytest.approx(served.count("free"), rel=0.15)
+
+
+def test_priority_orders_a_tenants_own_queue_and_not_the_others():
+    order = VirtualTokenCounters(COSTS)
+    for n, priority in enumerate([0, 0, -5, 3, -5]):
+        r = request("a", n)
+        r.priority = priority
+        order.add(r)
+    order.add(request("b", 0))
+    a_order = [r.request_id for r in order if r.tenant == "a"]
+    assert a_order == ["a-2", "a-4", "a-0", "a-1", "a-3"]  # by priority, then arrival
+    # Priority does not let a tenant jump another: b (counter level with a) is next after a's first.
+    admitted = [serve(order, random.Random(0), outputs=(1, 1)).request_id for _ in range(3)]
+    assert admitted[0] == "a-2" and "b-0" in admitted[1:]

@@ -2,10 +2,10 @@
 
 import { ChatConnection } from "./connection.js";
 import { ChatBook, LOST } from "./conversations.js";
+import { ChatSettings, SettingsPanel } from "./settings.js";
 import { ChatView } from "./view.js";
 
 const KEY_STORAGE = "drivetrain.apiKey";
-const CHAT_PARAMS = { max_tokens: 1024 };
 const REFUSED = "refused: check your API key";
 // The edge's resume_grace_s (10 s by default): how long a dropped socket's streams wait.
 const RESUME_GRACE_MS = 10_000;
@@ -17,6 +17,8 @@ const CLOSE_NOTICE = {
 };
 
 const book = new ChatBook();
+const settings = new ChatSettings();
+new SettingsPanel(settings);
 let active = book.newConversation();
 
 function refresh() {
@@ -26,7 +28,8 @@ function refresh() {
 
 // Sends a reply's chat frame now if the socket is open; otherwise it goes out on open.
 function transmit(conversation, reply) {
-  if (connection.send(book.chatFrame(conversation, reply, CHAT_PARAMS))) reply.stream.sent = true;
+  const frame = book.chatFrame(conversation, reply, settings.chatParams, settings.system);
+  if (connection.send(frame)) book.markSent(reply, performance.now());
 }
 
 function conversationOf(message) {

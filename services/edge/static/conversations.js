@@ -20,6 +20,9 @@ export class ReplyStream {
     this.detached = false;
     this.resumeSent = false;
     this.resumeBy = 0;
+    // For the reply's figures (performance.now() ms): when the chat went out, its first token came.
+    this.sentAt = null;
+    this.firstTokenAt = null;
   }
 
   get resumable() {
@@ -39,6 +42,24 @@ export class ReplyStream {
   }
 }
 
+// What a finished reply shows about itself: time to first token (ms), tokens/s after the first,
+// and the prompt tokens the worker found cached. A figure the frames cannot give is null.
+export function replyStats(stream, usage, now) {
+  const count = (value) => (Number.isInteger(value) && value >= 0 ? value : null);
+  const completion = count(usage?.completion_tokens);
+  const firstToken = stream.firstTokenAt;
+  const ttftMs = stream.sentAt !== null && firstToken !== null ? firstToken - stream.sentAt : null;
+  const decodeS = firstToken !== null ? (now - firstToken) / 1000 : 0;
+  const tokensPerS = completion !== null && completion > 1 && decodeS > 0 ? (completion - 1) / decodeS : null;
+  return {
+    ttftMs,
+    tokensPerS,
+    promptTokens: count(usage?.prompt_tokens),
+    cachedTokens: count(usage?.cached_tokens),
+    completionTokens: completion,
+  };
+}
+
 export class Message {
   constructor(role, text = "") {
     this.role = role; // "user" | "assistant"
@@ -47,6 +68,7 @@ export class Message {
     this.status = role === "user" ? "sent" : "waiting";
     this.error = null; // {code, message, retryable}
     this.stream = null; // ReplyStream while in flight
+    this.stats = null; // replyStats() once done
   }
 
   get inFlight() {
@@ -112,12 +134,21 @@ export class ChatBook {
     reply.text = "";
     reply.status = "waiting";
     reply.error = null;
+    reply.stats = null;
     reply.stream = new ReplyStream(`c${++this.chatCount}`);
     this.inFlight.set(reply.stream.chatId, { conversation, reply });
   }
 
-  chatFrame(conversation, reply, params) {
-    return { type: "chat", id: reply.stream.chatId, messages: conversation.historyBefore(reply), ...params };
+  // params: the sampling fields of the chat frame; a non-empty system prompt goes first.
+  chatFrame(conversation, reply, params, system = "") {
+    const history = conversation.historyBefore(reply);
+    const messages = system ? [{ role: "system", content: system }, ...history] : history;
+    return { type: "chat", id: reply.stream.chatId, messages, ...params };
+  }
+
+  markSent(reply, now) {
+    reply.stream.sent = true;
+    reply.stream.sentAt ??= now;
   }
 
   unsent() {
@@ -141,9 +172,9 @@ export class ChatBook {
     };
   }
 
-  // Applies one edge frame. Returns {conversation, reply, text?} for the reply it
-  // changed, or null when it belongs to no reply in flight (late or id-less frames).
-  apply(frame) {
+  // Applies one edge frame that arrived at `now` (ms). Returns {conversation, reply, text?} for
+  // the reply it changed, or null when it belongs to no reply in flight (late or id-less frames).
+  apply(frame, now = performance.now()) {
     const entry = this.inFlight.get(frame.id);
     if (!entry) return null;
     const { reply } = entry;
@@ -162,9 +193,11 @@ export class ChatBook {
       case "token":
         if (!Number.isInteger(frame.seq) || !stream.takes(frame.seq)) return null;
         reply.status = "streaming";
+        stream.firstTokenAt ??= now;
         reply.text += String(frame.text ?? "");
         return { ...entry, text: String(frame.text ?? "") };
       case "done":
+        reply.stats = replyStats(stream, frame.usage, now);
         return this.finish(frame.id, FINISHED.has(frame.finish_reason) ? frame.finish_reason : "stop");
       case "error":
         if (stream.detached && frame.code === "resume_refused") return this.finish(frame.id, "error", { ...LOST });

@@ -1,5 +1,8 @@
 // The page's DOM: sidebar, messages, composer, key dialog and connection state.
-// Every text from the user or the model goes in through textContent, never as markup.
+// A user's text goes in through textContent; a reply through markdown.js (sanitised Markdown,
+// raw HTML escaped) or, without its libraries, textContent too. Never as markup of its own.
+
+import { renderInto } from "./markdown.js";
 
 const CONNECTION_TEXT = {
   idle: "Not connected",
@@ -18,11 +21,30 @@ function element(tag, className, text) {
   return node;
 }
 
+function formatRate(perS) {
+  return perS >= 100 ? perS.toFixed(0) : perS.toFixed(1);
+}
+
+// A finished reply's figures, each a span with its meaning spelled out for a screen reader.
+function statsFor(stats) {
+  if (!stats) return [];
+  const parts = [];
+  if (stats.ttftMs !== null) parts.push(["ttft", `${Math.round(stats.ttftMs)} ms to first token`]);
+  if (stats.tokensPerS !== null) parts.push(["rate", `${formatRate(stats.tokensPerS)} tokens/s`]);
+  if (stats.cachedTokens !== null) {
+    const of = stats.promptTokens !== null ? ` of ${stats.promptTokens}` : "";
+    parts.push(["cached", `${stats.cachedTokens}${of} prompt tokens cached`]);
+  }
+  return parts.map(([kind, text]) => element("span", `stat ${kind}`, text));
+}
+
 export class ChatView {
   // actions: send(text) -> bool, stop(), retry(reply), select(id), newConversation(), useKey(key), changeKey()
   constructor(actions) {
     this.actions = actions;
-    this.nodes = new WeakMap(); // Message -> {article, body, meta}
+    this.nodes = new WeakMap(); // Message -> {article, body, meta, stats}
+    this.toRender = new Set(); // replies whose text changed since the last frame was drawn
+    this.renderScheduled = false;
     this.keyRequired = false;
     for (const id of ["sidebar", "toggle-sidebar", "connection", "conversation-list", "messages",
       "composer", "prompt", "send", "stop", "key-dialog", "key-form", "key-error", "api-key"]) {
@@ -142,10 +164,13 @@ export class ChatView {
     this.messages.querySelector(":scope > .empty")?.remove();
     const article = element("article", `message ${message.role}`);
     const who = element("h2", message.role === "user" ? "visually-hidden" : "who", message.role === "user" ? "You" : "Drivetrain");
-    const body = element("div", "body", message.text);
+    const assistant = message.role === "assistant";
+    const body = element("div", assistant ? "body markdown" : "body", assistant ? undefined : message.text);
+    if (assistant) renderInto(body, message.text);
     const meta = element("div", "meta");
-    article.append(who, body, meta);
-    this.nodes.set(message, { article, body, meta });
+    const stats = element("div", "stats");
+    article.append(who, body, meta, stats);
+    this.nodes.set(message, { article, body, meta, stats });
     this.messages.append(article);
     this.updateMessage(message);
     this.messages.scrollTop = this.messages.scrollHeight;
@@ -154,16 +179,31 @@ export class ChatView {
   appendText(message, text) {
     const nodes = this.nodes.get(message);
     if (!nodes) return; // its conversation is not on screen
-    const stick = this.nearBottom();
-    nodes.body.append(text); // a text node: markup stays literal
+    this.toRender.add(message);
     this.updateMessage(message);
+    if (!this.renderScheduled) {
+      this.renderScheduled = true;
+      requestAnimationFrame(() => this.renderPending());
+    }
+  }
+
+  // Re-renders each changed reply once per drawn frame, however many tokens came meanwhile.
+  renderPending() {
+    this.renderScheduled = false;
+    const stick = this.nearBottom();
+    for (const message of this.toRender) this.renderText(message);
     if (stick) this.messages.scrollTop = this.messages.scrollHeight;
+  }
+
+  renderText(message) {
+    this.toRender.delete(message);
+    const nodes = this.nodes.get(message);
+    if (nodes) renderInto(nodes.body, message.text);
   }
 
   // A retried reply starts over: its shown text is cleared with it.
   resetMessage(message) {
-    const nodes = this.nodes.get(message);
-    if (nodes) nodes.body.textContent = message.text;
+    this.renderText(message);
     this.updateMessage(message);
   }
 
@@ -173,7 +213,9 @@ export class ChatView {
     nodes.article.dataset.status = message.status;
     nodes.article.setAttribute("aria-busy", String(message.inFlight));
     if (message.role === "user") return;
+    if (!message.inFlight && this.toRender.has(message)) this.renderText(message); // its final text now
     nodes.meta.replaceChildren(...this.metaFor(message));
+    nodes.stats.replaceChildren(...statsFor(message.stats));
   }
 
   metaFor(message) {

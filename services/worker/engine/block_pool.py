@@ -7,54 +7,41 @@ anyone's KV. A pool of N blocks therefore holds N - 1 usable blocks.
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Protocol
+
+# The hashes are shared/models' (edges compute them too); re-exported as the engine's names.
+from shared.models.block_hash import (
+    BlockHash,
+    hash_block_tokens,
+    hash_full_blocks,
+    salted_root,
+)
+
+__all__ = [
+    "BlockHash",
+    "BlockPool",
+    "KVBlock",
+    "KVCacheListener",
+    "hash_block_tokens",
+    "hash_full_blocks",
+    "salted_root",
+]
 
 NULL_BLOCK_ID = 0
 
 
-class BlockHash(NamedTuple):
-    """A full block's identity in the prefix cache.
+class KVCacheListener(Protocol):
+    """Told what enters and leaves the prefix cache (by block hash value), on the engine's thread;
+    it must only take note (the worker publishes the notes as KV-cache events)."""
 
-    `value` is sha256(parent value || the block's tokens as little-endian int64), so it
-    names the whole prefix up to and including this block, and is stable across
-    processes and machines. The tokens ride along so a hit is re-checked against
-    them: a collision (or a forged value) can never serve another prefix's KV.
-    """
+    def block_stored(self, value: bytes) -> None: ...
 
-    value: bytes
-    token_ids: tuple[int, ...]
+    def block_evicted(self, value: bytes) -> None: ...
 
-
-def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
-    # The root parent is empty bytes; every other parent is 32 bytes, so no
-    # (parent, tokens) pair can encode like another.
-    digest = hashlib.sha256(parent.value if parent is not None else b"")
-    digest.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
-    return BlockHash(digest.digest(), tuple(token_ids))
-
-
-def salted_root(salt: str) -> BlockHash | None:
-    """The parent of a request's first block: its cache salt, so prompts under different salts
-    never share a block (no salt: the one shared root)."""
-    if not salt:
-        return None
-    return BlockHash(hashlib.sha256(b"drivetrain/cache-salt/" + salt.encode()).digest(), ())
-
-
-def hash_full_blocks(
-    token_ids: Sequence[int], block_size: int, parent: BlockHash | None = None
-) -> list[BlockHash]:
-    """Chained hashes of every full block of `token_ids` (a partial tail block has none)."""
-    hashes: list[BlockHash] = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, token_ids[start : start + block_size])
-        hashes.append(parent)
-    return hashes
+    def cache_cleared(self) -> None: ...
 
 
 @dataclass(eq=False)
@@ -91,6 +78,7 @@ class BlockPool:
         )
         self.cached_blocks: dict[bytes, KVBlock] = {}
         self.num_evicted_blocks = 0
+        self.listener: KVCacheListener | None = None  # KV-cache events for cache-aware placement
 
     @property
     def num_usable_blocks(self) -> int:
@@ -152,6 +140,8 @@ class BlockPool:
             return False
         block.block_hash = block_hash
         self.cached_blocks[block_hash.value] = block
+        if self.listener is not None:
+            self.listener.block_stored(block_hash.value)
         return True
 
     def free_blocks(self, blocks: Iterable[KVBlock]) -> None:
@@ -171,10 +161,14 @@ class BlockPool:
         for block in self.cached_blocks.values():
             block.block_hash = None
         self.cached_blocks.clear()
+        if self.listener is not None:
+            self.listener.cache_cleared()
 
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is None:
             return
         del self.cached_blocks[block.block_hash.value]
+        if self.listener is not None:
+            self.listener.block_evicted(block.block_hash.value)
         block.block_hash = None
         self.num_evicted_blocks += 1

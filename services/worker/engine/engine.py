@@ -3,6 +3,7 @@ new tokens and finish reasons out. Text, chat templates and stop strings live in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -20,7 +21,13 @@ from services.worker.engine.settings import (
     EngineSettings,
 )
 from services.worker.engine.tenant_order import FCFS, TenantOrder
-from services.worker.engine.types import EngineLoad, FinishReason, StartListener
+from services.worker.engine.types import (
+    EngineLoad,
+    FailureCode,
+    FinishReason,
+    RequestRejected,
+    StartListener,
+)
 from services.worker.engine.vtc import VirtualTokenCounters, VTCCosts
 from shared.models.spec import context_length
 
@@ -80,17 +87,19 @@ class Engine:
     ) -> None:
         device = next(model.parameters()).device
         scheduler_config, runner_config = resolve(settings, context_length(model.config, max_model_len), device)
+        eos = model.config.eos_token_ids if eos_token_ids is None else eos_token_ids
+        self.eos_token_ids = frozenset(eos)
         self.settings = settings
-        self.runner = runner_cls(model, runner_config)
+        self.vocab_size = model.config.vocab_size
+        self.runner = runner_cls(model, dataclasses.replace(runner_config, eos_token_ids=self.eos_token_ids))
         pool = BlockPool(self.runner.num_blocks, settings.block_size, enable_caching=settings.enable_prefix_caching)
         self.kv_cache_manager = KVCacheManager(pool, scheduler_config.max_model_len)
         self.scheduler = Scheduler(scheduler_config, self.kv_cache_manager, tenant_order or waiting_order(settings))
-        eos = model.config.eos_token_ids if eos_token_ids is None else eos_token_ids
-        self.eos_token_ids = frozenset(eos)
         self.start_listener: StartListener | None = None
         self._started: set[str] = set()  # requests already announced to start_listener
         self.num_steps = 0
         self.num_isolated_failures = 0  # steps that raised and were re-run request by request
+        self._last_waiting_tokens = 0
 
     @property
     def max_model_len(self) -> int:
@@ -98,6 +107,11 @@ class Engine:
 
     def add_request(self, request: Request) -> None:
         """Queue a request; RequestRejected, with a typed code, if it can never run here."""
+        sampling = request.sampling
+        named = [t for t, _ in sampling.logit_bias] + list(sampling.stop_token_ids)
+        if any(token >= self.vocab_size for token in named):
+            message = f"a token id in logit_bias or stop_token_ids is outside the vocabulary (0..{self.vocab_size - 1})"
+            raise RequestRejected(FailureCode.INVALID_REQUEST, message)
         self.scheduler.add_request(request)
 
     def abort_request(self, request_id: str) -> bool:
@@ -128,7 +142,18 @@ class Engine:
             steps=self.num_steps,
             preemptions=self.scheduler.num_preemptions,
             isolated_failures=self.num_isolated_failures,
+            max_running=self.scheduler.config.max_num_seqs,
+            waiting_tokens=self._waiting_tokens(),
+            kv_tokens=pool.num_usable_blocks * pool.block_size,
         )
+
+    def _waiting_tokens(self) -> int:
+        # load() runs beside the engine thread: a queue changed mid-count keeps the last count.
+        try:
+            self._last_waiting_tokens = sum(r.num_tokens - r.num_computed_tokens for r in self.scheduler.waiting)
+        except RuntimeError:
+            pass
+        return self._last_waiting_tokens
 
     def step(self) -> list[RequestUpdate]:
         out = self.scheduler.schedule()
@@ -189,7 +214,9 @@ class Engine:
         return updates
 
     def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
-        if token in self.eos_token_ids:
+        sampling = request.sampling
+        # Before min_tokens the sampler masked these, so reaching one means the request may end.
+        if token in sampling.stop_token_ids or (token in self.eos_token_ids and not sampling.ignore_eos):
             return FinishReason.STOP
         if request.reached_max_num_tokens:  # max_tokens, or max_model_len (add_request capped it)
             return FinishReason.LENGTH

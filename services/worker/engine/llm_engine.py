@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import jinja2
 import torch
 
+from services.worker.engine.block_pool import KVCacheListener
 from services.worker.engine.detokenizer import IncrementalDetokenizer
 from services.worker.engine.engine import Engine, RequestUpdate
 from services.worker.engine.request import Request
@@ -56,13 +57,20 @@ class LLMEngine:
             prompt = self.tokenizer.apply_chat_template(template_messages(request.messages))
         except (jinja2.TemplateError, ValueError, KeyError, TypeError) as exc:
             raise RequestRejected(FailureCode.INVALID_REQUEST, f"the messages do not fit the chat template: {exc}") from exc
-        self.add_prompt(request.request_id, prompt, request.sampling, request.tenant)
+        self.add_prompt(request.request_id, prompt, request.sampling, request.tenant, request.weight, request.priority)
 
     def add_prompt(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams, tenant: str = "default"
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        tenant: str = "default",
+        weight: float = 1.0,
+        priority: int = 0,
     ) -> Request:
         """Queue a prompt already in token ids; the engine's Request, which grows as it runs."""
-        request = Request(request_id, prompt_token_ids, sampling, tenant, self.engine.settings.cache_salt(tenant))
+        salt = self.engine.settings.cache_salt(tenant)
+        request = Request(request_id, prompt_token_ids, sampling, tenant, salt, weight, priority)
         self.engine.add_request(request)  # raises RequestRejected, with the scheduler's code
         self._streams[request_id] = _Stream(request, IncrementalDetokenizer(self.tokenizer, sampling.stop))
         return request
@@ -85,6 +93,14 @@ class LLMEngine:
     @start_listener.setter
     def start_listener(self, listener: StartListener | None) -> None:
         self.engine.start_listener = listener
+
+    @property
+    def kv_listener(self) -> KVCacheListener | None:
+        return self.engine.kv_cache_manager.block_pool.listener
+
+    @kv_listener.setter
+    def kv_listener(self, listener: KVCacheListener | None) -> None:
+        self.engine.kv_cache_manager.block_pool.listener = listener
 
     def load(self) -> EngineLoad:
         return self.engine.load()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,7 @@ from services.worker.engine.attention import AttentionMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
 from services.worker.engine.cuda_graphs import CudaGraphRunner
 from services.worker.engine.kv_cache_manager import cdiv
+from services.worker.engine.logits_processors import process_logits
 from services.worker.engine.model import (
     LlamaModel,
     allocate_kv_cache,
@@ -43,6 +45,7 @@ class RunnerConfig:
     num_kv_blocks: int  # 0: size the pool from memory
     kv_memory_fraction: float  # GPU: share of device memory for weights, activations and KV
     cuda_graphs: bool
+    eos_token_ids: frozenset[int] = frozenset()  # masked before a request's min_tokens, unless it ignores EOS
 
 
 @dataclass
@@ -56,6 +59,8 @@ class StepInputs:
     sample_ids: list[str]  # (S,) the request of each sampled row
     sampling: list[SamplingParams]  # (S,)
     sample_positions: list[int]  # (S,) position the sampled token will take (seeds its draw)
+    histories: list[Sequence[int]]  # (S,) each sampled request's tokens so far, for its penalties
+    prompt_lens: list[int]  # (S,)
 
     @property
     def num_seqs(self) -> int:
@@ -100,6 +105,8 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, pad_to: int = 0) -> St
         sample_ids=[chunks[i].request_id for i in sampled],
         sampling=[chunks[i].sampling for i in sampled],
         sample_positions=[int(context_lens[i]) for i in sampled],
+        histories=[chunks[i].history for i in sampled],
+        prompt_lens=[chunks[i].num_prompt_tokens for i in sampled],
     )
 
 
@@ -144,6 +151,7 @@ class ModelRunner:
         if not inputs.sample_ids:
             return {}
         logits = self.model.compute_logits(hidden[inputs.sample_rows.to(self.device)])  # (S, V)
+        logits = process_logits(logits, inputs.sampling, inputs.histories, inputs.prompt_lens, self.config.eos_token_ids)
         tokens = self.sampler(logits, inputs.sampling, self._generators_for(inputs))  # (S,)
         return dict(zip(inputs.sample_ids, tokens.tolist(), strict=True))
 
@@ -180,7 +188,7 @@ class ModelRunner:
         )
         return StepInputs(
             move(inputs.input_ids), move(inputs.positions), meta, inputs.sample_rows,
-            inputs.sample_ids, inputs.sampling, inputs.sample_positions,
+            inputs.sample_ids, inputs.sampling, inputs.sample_positions, inputs.histories, inputs.prompt_lens,
         )
 
     def _generators_for(self, inputs: StepInputs) -> list[torch.Generator | None] | None:

@@ -54,10 +54,14 @@ class Request:
         sampling: SamplingParams,
         tenant: str = "default",
         cache_salt: str = "",
+        weight: float = 1.0,
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
         self.sampling = sampling
         self.tenant = tenant
+        self.weight = weight  # the tenant's fair-share weight, from its tier
+        self.priority = priority  # within its tenant's queue: lower is admitted first
         self.status = RequestStatus.WAITING
         self.num_prompt_tokens = len(prompt_token_ids)
         self.all_token_ids: list[int] = list(prompt_token_ids)

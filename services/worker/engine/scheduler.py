@@ -6,6 +6,7 @@ sampled)`, after which the engine checks stop conditions and calls `finish_reque
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.worker.engine.kv_cache_manager import KVCacheManager, cdiv
@@ -51,6 +52,8 @@ class ScheduledChunk:
     block_ids: list[int]  # the request's whole block table
     sample: bool  # the chunk reaches the end of the known tokens: sample the next one
     sampling: SamplingParams = DEFAULT_SAMPLING
+    history: Sequence[int] = ()  # the request's tokens so far (prompt, then output), for penalties
+    num_prompt_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -310,4 +313,6 @@ class Scheduler:
             block_ids=self.kv_cache_manager.get_block_ids(request),
             sample=end == request.num_tokens,
             sampling=request.sampling,
+            history=request.all_token_ids,
+            num_prompt_tokens=request.num_prompt_tokens,
         )

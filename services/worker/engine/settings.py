@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
+from shared.models.cache_salt import CacheSharing
+
 # What max_batch_tokens = 0 means: a step's token budget on each kind of device.
 CPU_MAX_BATCH_TOKENS = 512
 GPU_MAX_BATCH_TOKENS = 8192
@@ -20,8 +22,9 @@ Auto = Annotated[int, Field(ge=0)]
 
 
 @dataclass(frozen=True, config=ConfigDict(use_attribute_docstrings=True, extra="ignore"))
-class EngineSettings:
-    """How the engine batches and how much memory it takes."""
+class EngineSettings(CacheSharing):
+    """How the engine batches and how much memory it takes; its prefix-cache isolation (cache_isolation,
+    cache_groups, cache_salt) is CacheSharing's, which edges read too."""
 
     max_num_seqs: Positive = 256
     """most requests in one engine step; also the largest captured CUDA graph"""
@@ -48,21 +51,9 @@ class EngineSettings:
     vtc_output_weight: Annotated[float, Field(ge=0.0)] = 2.0
     """vtc: cost of a generated token, against 1 for a prompt token computed"""
     vtc_cached_weight: Annotated[float, Field(ge=0.0)] = 0.1
-    """vtc: cost of a prompt token read from the prefix cache, against 1 for one computed"""
+    """vtc: cost of a prompt token read from the prefix cache, against 1 for one computed; the default is the billing policy's cached_fraction, so fair share charges what billing does (docs/billing.md)"""
     tenant_weights: Annotated[str, Field(pattern=r"^(\s*[^:,\s]+\s*:\s*\d+(\.\d+)?\s*(,|$))*$")] = ""
     """vtc: share weights, tenant:weight[,tenant:weight]; a tenant not listed weighs 1"""
-
-    cache_isolation: bool = True
-    """salt prefix-cache hashes per tenant: no tenant can time its first token to learn how another's prompts begin"""
-    cache_groups: Annotated[str, Field(pattern=r"^(\s*[^:,\s]+\s*:\s*[^:,\s]+\s*(,|$))*$")] = ""
-    """tenant:group[,tenant:group]: tenants of one group share cached prefixes (say, a public system prompt)"""
-
-    def cache_salt(self, tenant: str) -> str:
-        """The salt of a tenant's prefix-cache hashes: its group's, its own, or none without isolation."""
-        if not self.cache_isolation:
-            return ""
-        groups = dict(item.replace(" ", "").split(":") for item in self.cache_groups.split(",") if item.strip())
-        return f"group:{groups[tenant]}" if tenant in groups else f"tenant:{tenant}"
 
     def weights(self) -> dict[str, float]:
         pairs = (item.split(":") for item in self.tenant_weights.split(",") if item.strip())

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from services.worker.engine.block_pool import KVCacheListener
 from services.worker.engine.sampling_params import SamplingParams
 
 
@@ -52,6 +53,8 @@ class EngineRequest:
     tenant: str
     messages: Sequence[Message]
     sampling: SamplingParams
+    weight: float = 1.0  # the tenant's share of the engine against other tenants (fair share)
+    priority: int = 0  # among the tenant's own waiting requests, lower first
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,10 @@ class EngineLoad:
     steps: int = 0
     preemptions: int = 0
     isolated_failures: int = 0  # batched steps that raised and were re-run request by request
+    # Capacity, for the edges' admission: 0 where the engine has no such bound.
+    max_running: int = 0  # requests it runs at once
+    waiting_tokens: int = 0  # tokens still to compute of the requests waiting to run
+    kv_tokens: int = 0  # the KV cache pool, in tokens
 
 
 class StartListener(Protocol):
@@ -102,6 +109,7 @@ class GenerationEngine(Protocol):
     """What the worker service drives: the model engine, or the echo model."""
 
     start_listener: StartListener | None
+    kv_listener: KVCacheListener | None  # told of prefix-cache stores and evictions; an engine without a cache never calls it
 
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request; raises RequestRejected if it can never run."""

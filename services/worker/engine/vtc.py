@@ -9,7 +9,8 @@ those backlogged (or, with none, to the last one served): time spent idle is not
 
 Admission charges the prompt, (uncached × w_in + cached × w_cached) / weight; each token
 generated charges w_out / weight. Cached prompt tokens cost what the GPU did for them, so
-a tenant living off the prefix cache still pays in fair share for its reads.
+a tenant living off the prefix cache still pays in fair share for its reads. Within one
+tenant, requests wait by priority (lower first), then by arrival.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ class VTCCosts:
     w_in: float = 1.0  # per prompt token computed
     w_out: float = 2.0  # per token generated
     w_cached: float = 0.1  # per prompt token read from the prefix cache
-    weights: Mapping[str, float] = field(default_factory=dict)  # tenant -> weight; absent: 1
-    default_weight: float = 1.0
+    weights: Mapping[str, float] = field(default_factory=dict)  # tenant -> weight, over the requests' own
 
-    def weight(self, tenant: str) -> float:
-        return self.weights.get(tenant, self.default_weight)
+    def weight(self, tenant: str, requested: float = 1.0) -> float:
+        """This engine's setting for the tenant if it has one, else the weight its request carries (its tier's)."""
+        return self.weights.get(tenant, requested)
 
 
 class VirtualTokenCounters(TenantOrder):
@@ -52,8 +53,13 @@ class VirtualTokenCounters(TenantOrder):
             floor = min((self.counters[t] for t in self._backlog), default=self._last_served)
             self.counters[tenant] = max(self.counters.get(tenant, 0.0), floor)
             self._backlog[tenant] = OrderedDict()
-        self._backlog[tenant][request.request_id] = request
+        queue = self._backlog[tenant]
+        jumps = bool(queue) and request.priority < next(reversed(queue.values())).priority
+        queue[request.request_id] = request
         self._arrival[request.request_id] = next(self._clock)
+        if jumps:  # rare: most requests carry the default priority and simply queue last
+            ordered = sorted(queue.values(), key=lambda r: (r.priority, self._arrival[r.request_id]))
+            self._backlog[tenant] = OrderedDict((r.request_id, r) for r in ordered)
 
     def push_front(self, request: Request) -> None:
         """A preempted request goes ahead of its own tenant's, not of everyone's: it was
@@ -100,15 +106,16 @@ class VirtualTokenCounters(TenantOrder):
         if request.num_preemptions == 0:  # a recomputation after preemption is the system's doing
             costs = self.costs
             cost = (request.num_prompt_tokens - num_cached) * costs.w_in + num_cached * costs.w_cached
-            self._charge(request.tenant, cost)
+            self._charge(request, cost)
         self._last_served = self.counters.get(request.tenant, 0.0)
 
     def on_scheduled(self, request: Request, num_tokens: int) -> None:
         if request.num_computed_tokens + num_tokens == request.num_tokens:  # the step samples a token
-            self._charge(request.tenant, self.costs.w_out)
+            self._charge(request, self.costs.w_out)
 
-    def _charge(self, tenant: str, cost: float) -> None:
-        self.counters[tenant] = self.counters.get(tenant, 0.0) + cost / self.costs.weight(tenant)
+    def _charge(self, request: Request, cost: float) -> None:
+        tenant = request.tenant
+        self.counters[tenant] = self.counters.get(tenant, 0.0) + cost / self.costs.weight(tenant, request.weight)
 
     # Order ------------------------------------------------------------------------------
     def _next_tenant(self) -> str | None:

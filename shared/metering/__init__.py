@@ -1,0 +1,1 @@
+"""Usage metering and billing: usage records, the per-tenant counters they add to, and their price."""
