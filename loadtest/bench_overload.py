@@ -81,15 +81,15 @@ def run(arrivals: list[Arrival], seconds: float, admission: bool) -> Run:
     )
     limits = tier_limits(DEFAULT_TIERS, full_load=1.0)
     result, pending, arrived = Run(), list(arrivals), {}
-    now, gossiped_at, since = 0.0, float("-inf"), 0
+    now, gossiped_at, since, since_tokens = 0.0, float("-inf"), 0, 0
     while now < seconds:
         if now - gossiped_at >= GOSSIP_S:
-            report, gossiped_at, since = snapshot(scheduler), now, 0
+            report, gossiped_at, since, since_tokens = snapshot(scheduler), now, 0, 0
         while pending and pending[0][0] <= now:
             at, tier, prompt, output = pending.pop(0)
             result.offered[tier] += 1
             # As an edge does (fleet_view.py): the last report, plus what was admitted since.
-            if admission and admit(tier, fleet_load([report], since), limits, 1000) is not None:
+            if admission and admit(tier, fleet_load([report], since, since_tokens), limits, 1000) is not None:
                 result.refused[tier] += 1
                 continue
             request_id = f"{tier}-{len(arrived)}"
@@ -97,7 +97,7 @@ def run(arrivals: list[Arrival], seconds: float, admission: bool) -> Run:
             weight = DEFAULT_TIERS[tier].weight
             scheduler.add_request(Request(request_id, tokens, SamplingParams(max_tokens=output), tier, weight=weight))
             arrived[request_id] = at
-            since += 1
+            since, since_tokens = since + 1, since_tokens + prompt
         output = scheduler.schedule()
         if not output.chunks:
             now = min(pending[0][0] if pending else seconds, gossiped_at + GOSSIP_S)

@@ -33,6 +33,14 @@ def plot_results(results: dict, path: Path) -> Path | None:
         bars = {"bound\n1": r["bound_tok_s"]}
         bars.update({k[6:].replace("_", "\n"): v for k, v in r.items() if k.startswith("tok_s_")})
         panels.append(("decode output tok/s", bars))
+    if "controls" in results:
+        r = results["controls"]
+        panels.append(("decode step of 64 (ms)", {"plain": r["step_s_plain"] * 1e3, "penalties\n+ logprobs": r["step_s_controlled"] * 1e3}))
+    if "structured" in results:
+        r = results["structured"]
+        panels.append(("decode step of 64 (ms)", {"plain": r["step_s_plain"] * 1e3, "JSON schema": r["step_s_json_schema"] * 1e3}))
+    if not panels:
+        return None
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
     for ax, (title, bars) in zip(axes[0], panels):
         ax.bar(list(bars), list(bars.values()), color="#4472c4")

@@ -24,6 +24,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_ID = "unknown_id"
     TOO_MANY_CHATS = "too_many_chats"
     PROMPT_TOO_LONG = "prompt_too_long"
+    INVALID_SCHEMA = "invalid_schema"  # a response format or tool the grammar library cannot compile
     UNAVAILABLE = "unavailable"
     RESUME_REFUSED = "resume_refused"
     STREAM_MOVED = "stream_moved"  # another socket resumed this stream: it goes on there, not here

@@ -16,7 +16,7 @@ from shared.codes import ErrorCode, FinishReason
 WIRE_VERSION = 1
 
 # A request's sampling limits and defaults, the same wherever one enters: the client protocol and this wire.
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_TOP_P = 1.0
@@ -37,18 +37,50 @@ RepetitionPenalty = Annotated[float, msgspec.Meta(gt=0.0, le=2.0)]
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
 StopStrings = Annotated[list[Annotated[str, msgspec.Meta(min_length=1, max_length=256)]], msgspec.Meta(max_length=16)]
 StopTokenIds = Annotated[list[TokenId], msgspec.Meta(max_length=64)]
+TopLogprobs = Annotated[int, msgspec.Meta(ge=0, le=20)]
 LogitBias = Annotated[dict[TokenId, Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]], msgspec.Meta(max_length=300)]
 Priority = Annotated[int, msgspec.Meta(ge=-1000, le=1000)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_STREAM_TOKENS)]  # tokens of one request, prompt or reply
+# A raw prompt (a completion's): text, or token ids, fed to the model without the chat template.
+PromptText = Annotated[str, msgspec.Meta(min_length=1)]
+PromptTokenIds = Annotated[list[TokenId], msgspec.Meta(min_length=1)]
 
 
 class WireError(ValueError):
     """A message that is not valid msgpack or does not match its schema."""
 
 
-class Message(msgspec.Struct, frozen=True):
+class ToolCall(msgspec.Struct, frozen=True):
+    """A function call an assistant turn made (shared/models/tool_calls.py writes and reads them)."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text
+
+
+class Message(msgspec.Struct, frozen=True, omit_defaults=True):  # a plain turn encodes as before
     role: Role
     content: str
+    tool_calls: list[ToolCall] = []  # an assistant turn's calls
+    tool_call_id: str = ""  # a tool turn: the call it answers
+
+
+class Tool(msgspec.Struct, frozen=True):
+    """A function the model may call."""
+
+    name: str
+    description: str = ""
+    parameters: str = "{}"  # its arguments' JSON schema, as JSON text
+
+
+GrammarKind = Literal["json_object", "json_schema", "regex", "choice", "lark"]
+
+
+class Grammar(msgspec.Struct, frozen=True):
+    """What the reply's text must match (shared/models/structured.py compiles it); the edge checked that it compiles."""
+
+    kind: GrammarKind
+    spec: str = ""  # the schema as JSON text, the regex, the choices as a JSON list, or a Lark grammar
 
 
 class Controls(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -63,6 +95,7 @@ class Controls(msgspec.Struct, frozen=True, omit_defaults=True):
     presence_penalty: Penalty = 0.0
     repetition_penalty: RepetitionPenalty = 1.0
     logit_bias: LogitBias = {}
+    logprobs: TopLogprobs | None = None  # None: none; k: each token's and its k most likely alternatives'
 
 
 class ChatRequest(msgspec.Struct, frozen=True, tag="chat"):
@@ -83,7 +116,14 @@ class ChatRequest(msgspec.Struct, frozen=True, tag="chat"):
     tier: str = ""  # the tenant's tier when admitted: its usage is priced at that tier's prices
     prompt_tokens: Count = 0  # the prompt as the edge counted it: a usage record's, when the engine's is lost
     controls: Controls = Controls()
+    grammar: Grammar | None = None  # structured output: the reply's text matches it
+    tools: list[Tool] = []  # rendered into the prompt; a forced call comes as `grammar`
+    prompt: PromptText | PromptTokenIds | None = None  # set: a raw prompt, and `messages` is empty
     v: int = WIRE_VERSION
+
+    def __post_init__(self) -> None:
+        if self.prompt is not None and self.messages:
+            raise ValueError("a chat request carries either messages or a raw prompt, not both")
 
 
 class Cancel(msgspec.Struct, frozen=True, tag="cancel"):
@@ -132,10 +172,25 @@ class Started(msgspec.Struct, frozen=True, tag="started", array_like=True):
     worker_id: str
 
 
+class Logprob(msgspec.Struct, frozen=True, array_like=True):
+    """A generated token's text and log-probability, and its most likely alternatives'."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]] = []
+
+
 class Token(msgspec.Struct, frozen=True, tag="token", array_like=True):
     request_id: str
     seq: int
     text: str
+
+
+class LoggedToken(Token, frozen=True, tag="logged-token", array_like=True):
+    """A token of a request that asked for logprobs: a token event, and the logprobs of the tokens
+    behind its text. Its own tag, so a plain token stays the four fields it always was."""
+
+    logprobs: list[Logprob] = []
 
 
 class Usage(msgspec.Struct, frozen=True, array_like=True):
@@ -174,7 +229,7 @@ class Moved(msgspec.Struct, frozen=True, tag="moved", array_like=True):
     epoch: int
 
 
-Event = Started | Token | Done | Error | Moved
+Event = Started | Token | LoggedToken | Done | Error | Moved
 
 
 class TokenBatch(msgspec.Struct, frozen=True, tag="tokens"):

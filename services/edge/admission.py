@@ -28,12 +28,12 @@ class WorkerLoad:
     kv_tokens: int = 0  # its KV pool, in tokens
 
 
-def fleet_load(workers: Sequence[WorkerLoad], admitted_since: int = 0) -> float | None:
+def fleet_load(workers: Sequence[WorkerLoad], admitted_since: int = 0, admitted_tokens: int = 0) -> float | None:
     """The fleet's load (1.0: full), or None when no worker is known (nothing to judge by).
 
-    `admitted_since`: chats admitted after the workers last reported, which their figures cannot
-    show yet; without them a burst between two reports would all be let in, and then every tier
-    refused until the next report.
+    `admitted_since` chats with `admitted_tokens` prompt tokens were admitted after the workers
+    last reported, which their figures cannot show yet; without them a burst between two reports
+    would all be let in, and then every tier refused until the next report.
     """
     if not workers:
         return None
@@ -41,6 +41,8 @@ def fleet_load(workers: Sequence[WorkerLoad], admitted_since: int = 0) -> float 
     taken = admitted_since + sum(w.running + w.waiting for w in workers if w.max_running)
     by_seats = taken / seats if seats else 0.0
     by_kv = sum(w.kv_usage + (w.waiting_tokens / w.kv_tokens if w.kv_tokens else 0.0) for w in workers) / len(workers)
+    kv_tokens = sum(w.kv_tokens for w in workers)
+    by_kv += admitted_tokens / kv_tokens if kv_tokens else 0.0
     return max(by_seats, by_kv)
 
 

@@ -20,6 +20,7 @@ from services.edge.chat_page import chat_page_routes
 from services.edge.connection import Connection
 from services.edge.handshake import Admission, HandshakeGate, Refusal, admit_all
 from services.edge.openai_api import openai_routes
+from services.edge.openai_text_api import text_routes
 from services.edge.origins import OriginPolicy
 from services.edge.protocol import EdgeFrame, encode_frame
 from services.edge.service import EdgeService
@@ -116,6 +117,7 @@ def build_app(service: EdgeService, admission: Admission = admit_all) -> Starlet
             health_route(service.health),
             metrics_route(service.registry),
             *openai_routes(service),
+            *text_routes(service),  # /v1/completions, /v1/responses
             *chat_page_routes(),
         ]
     )

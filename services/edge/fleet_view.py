@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
 from services.edge.admission import WorkerLoad, fleet_load
@@ -44,19 +44,25 @@ class FleetView:
         self._membership: Membership | None = None
         self._clock = clock
         self._lag_s = report_lag_s
-        self._admitted: deque[float] = deque()  # when this edge admitted its recent chats, oldest first
+        # Recent chats still in flight: when admitted, and their prompt tokens.
+        self._admitted: OrderedDict[str, tuple[float, int]] = OrderedDict()
 
     def watch(self, membership: Membership) -> None:
         self._membership = membership
 
-    def admitted(self) -> None:
-        self._admitted.append(self._clock())
+    def admitted(self, request_id: str, prompt_tokens: int) -> None:
+        self._admitted[request_id] = (self._clock(), prompt_tokens)
+
+    def ended(self, request_id: str) -> None:
+        """A chat that ended before the workers reported it adds nothing to their load any more."""
+        self._admitted.pop(request_id, None)
 
     def load(self) -> float | None:
         if self._membership is None:
             return None
         horizon = self._clock() - self._lag_s
-        while self._admitted and self._admitted[0] < horizon:
-            self._admitted.popleft()
+        while self._admitted and next(iter(self._admitted.values()))[0] < horizon:
+            self._admitted.popitem(last=False)
         workers = [worker_load(m.load) for m in self._membership.alive("worker")]
-        return fleet_load(workers, admitted_since=len(self._admitted))
+        tokens = sum(n for _, n in self._admitted.values())
+        return fleet_load(workers, admitted_since=len(self._admitted), admitted_tokens=tokens)

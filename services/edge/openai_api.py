@@ -34,16 +34,19 @@ from services.edge.openai_schema import (
     refusal_error,
     usage_chunk_body,
 )
+from services.edge.openai_tools import delta_body
 from services.edge.protocol import (
     AcceptedFrame,
     DoneFrame,
     EdgeFrame,
     ErrorFrame,
+    LogprobBody,
     ProtocolError,
     TokenFrame,
 )
 from services.edge.service import EdgeService
 from shared.codes import ErrorCode
+from shared.models.tool_call_parser import ToolCallStream
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -191,6 +194,8 @@ class CompletionResponse:
         self._tenant = tenant
         self._parsed = parsed
         self._head = head
+        self._tools = ToolCallStream() if parsed.tool_calls else None
+        self._wants_logprobs = parsed.frame.logprobs is not None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         chat = HttpChat(self._service, self._tenant)
@@ -209,13 +214,16 @@ class CompletionResponse:
 
     async def _collect(self, chat: HttpChat, scope: Scope, receive: Receive, send: Send) -> None:
         pieces: list[str] = []
+        logprobs: list[LogprobBody] | None = [] if self._wants_logprobs else None
         while True:
             for frame in await chat.next_frames():
                 if isinstance(frame, TokenFrame):
                     pieces.append(frame.text)
+                    if logprobs is not None:
+                        logprobs.extend(frame.logprobs)
                     continue
                 if isinstance(frame, DoneFrame):
-                    body = completion_body(self._head, "".join(pieces), frame)
+                    body = completion_body(self._head, "".join(pieces), frame, self._parsed.tool_calls, logprobs)
                     response: Response = json_response(body, chat.request_id)
                 elif isinstance(frame, ErrorFrame):
                     response = error_response(refusal_error(frame.code, frame.message), chat.request_id)
@@ -250,11 +258,17 @@ class CompletionResponse:
 
     def _events_of(self, frame: EdgeFrame) -> list[dict[str, Any]]:
         include_usage = self._parsed.include_usage
+        if isinstance(frame, TokenFrame) and self._tools is not None:  # the text is read for tool calls
+            return [chunk_body(self._head, delta_body(d), None, include_usage) for d in self._tools.feed(frame.text)]
         if isinstance(frame, TokenFrame):
-            return [chunk_body(self._head, {"content": frame.text}, None, include_usage)]
+            logprobs = frame.logprobs if self._wants_logprobs else None
+            return [chunk_body(self._head, {"content": frame.text}, None, include_usage, logprobs)]
         if isinstance(frame, DoneFrame):
-            last = chunk_body(self._head, {}, finish_reason_of(frame.finish_reason), include_usage)
-            return [last, usage_chunk_body(self._head, frame)] if include_usage else [last]
+            held = self._tools.finish() if self._tools is not None else []
+            rest = [chunk_body(self._head, delta_body(d), None, include_usage) for d in held]
+            called = self._tools is not None and self._tools.num_calls > 0
+            last = chunk_body(self._head, {}, finish_reason_of(frame.finish_reason, called), include_usage)
+            return [*rest, last, usage_chunk_body(self._head, frame)] if include_usage else [*rest, last]
         if isinstance(frame, ErrorFrame):
             # Tokens already went out under a 200: the error travels as an event, as OpenAI's does.
             return [refusal_error(frame.code, frame.message).body()]

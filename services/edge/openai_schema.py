@@ -8,19 +8,31 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
+from services.edge.openai_tools import reply_message
 from services.edge.protocol import (
     NESTED_TOO_DEEPLY,
     ChatFrame,
     ChatMessage,
     DoneFrame,
+    LogprobBody,
     UsageBody,
+)
+from services.edge.structured_request import (
+    ResponseFormat,
+    StructuredOutputs,
+    ToolCallFrame,
+    ToolChoice,
+    ToolSpec,
+    parses_tool_calls,
+    request_grammar,
 )
 from shared import wire
 from shared.codes import ErrorCode, FinishReason
+from shared.models.structured import InvalidGrammar
 
 # Absent sampling fields take OpenAI's documented defaults, which clients of this API
 # expect; absent max tokens take the chat protocol's default, so both paths cap alike.
@@ -60,15 +72,20 @@ class TextPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class InputMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    # "developer" is OpenAI's newer name for "system"; tool turns need tool calling, which we lack.
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    # "developer" is OpenAI's newer name for "system".
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # None: an assistant turn that only called tools
     name: str | None = None  # accepted and ignored: the chat template has no place for it
+    tool_calls: list[ToolCallFrame] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+    refusal: str | None = None  # accepted and ignored, as OpenAI returns it on assistant turns
 
     def as_chat_message(self) -> ChatMessage:
         role = "system" if self.role == "developer" else self.role
-        text = self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
-        return ChatMessage(role=role, content=text)
+        content = self.content or ""
+        text = content if isinstance(content, str) else "\n".join(p.text for p in content)
+        calls, answers = self.tool_calls or [], self.tool_call_id or ""
+        return ChatMessage(role=role, content=text, tool_calls=calls, tool_call_id=answers)
 
 
 class StreamOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -79,43 +96,64 @@ class StreamOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 
 
-class CompletionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class SamplingFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The sampling fields every generating endpoint takes: OpenAI's, then vLLM's extras."""
+
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
+    seed: wire.Seed | None = None
+    presence_penalty: wire.Penalty | None = None
+    frequency_penalty: wire.Penalty | None = None
+    logit_bias: wire.LogitBias | None = None
+    stop: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | wire.StopStrings | None = None
+    user: str | None = None  # keeps a user's requests on one worker, as the chat frame's `conversation` does
+    priority: wire.Priority | None = None  # among the tenant's own waiting requests, lower first
+    top_k: wire.TopK | None = None
+    min_tokens: wire.MaxTokens | Literal[0] | None = None
+    repetition_penalty: wire.RepetitionPenalty | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: wire.StopTokenIds | None = None
+
+
+def sampling_controls(request: SamplingFields) -> dict[str, Any]:
+    """The chat frame's fields for those the request set (the rest keep the frame's defaults), and
+    OpenAI's defaults of temperature and top_p, which are not the chat protocol's."""
+    stop = [request.stop] if isinstance(request.stop, str) else request.stop
+    given = {
+        "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+        "top_p": DEFAULT_TOP_P if request.top_p is None else request.top_p, "seed": request.seed, "stop": stop,
+        "frequency_penalty": request.frequency_penalty, "presence_penalty": request.presence_penalty,
+        "logit_bias": request.logit_bias, "priority": request.priority, "top_k": request.top_k,
+        "min_tokens": request.min_tokens, "repetition_penalty": request.repetition_penalty,
+        "ignore_eos": request.ignore_eos, "stop_token_ids": request.stop_token_ids,
+    }  # fmt: skip
+    return {name: value for name, value in given.items() if value is not None}
+
+
+class CompletionRequest(SamplingFields, frozen=True, forbid_unknown_fields=True, kw_only=True):
     model: str
     messages: Annotated[list[InputMessage], msgspec.Meta(min_length=1)]
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     max_tokens: wire.MaxTokens | None = None
     max_completion_tokens: wire.MaxTokens | None = None
-    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
-    seed: wire.Seed | None = None
-    priority: wire.Priority | None = None  # as vLLM's: among the tenant's own waiting requests, lower first
     n: PositiveInt | None = None
     # Harmless: bookkeeping that does not change what is generated (prompt_cache_key, else user,
     # keeps a conversation on one worker, as the chat frame's `conversation` does).
-    user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    # Structured output and tools (structured_request.py); structured_outputs is vLLM's extension.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    # Sampling controls: OpenAI's, then vLLM's extras.
-    presence_penalty: wire.Penalty | None = None
-    frequency_penalty: wire.Penalty | None = None
-    logit_bias: wire.LogitBias | None = None
-    stop: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | wire.StopStrings | None = None
-    top_k: wire.TopK | None = None
-    min_tokens: wire.MaxTokens | Literal[0] | None = None
-    repetition_penalty: wire.RepetitionPenalty | None = None
-    ignore_eos: bool | None = None
-    stop_token_ids: wire.StopTokenIds | None = None
     # Accepted only at their neutral value (see NEUTRAL); anything else we cannot honour.
     logprobs: bool | None = None
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: Any = None
+    top_logprobs: wire.TopLogprobs | None = None  # needs logprobs: true
     modalities: list[str] | None = None
     functions: list[Any] | None = None
     function_call: Any = None
@@ -128,13 +166,8 @@ class CompletionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
 
 NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "n": lambda v: v in (None, 1),
-    "logprobs": lambda v: not v,
-    "top_logprobs": lambda v: not v,
-    "tools": lambda v: not v,
-    "tool_choice": lambda v: v in (None, "none", "auto"),  # with no tools, "auto" calls none
-    "response_format": lambda v: v is None or v == {"type": "text"},
     "modalities": lambda v: v is None or v == ["text"],
-    "functions": lambda v: not v,
+    "functions": lambda v: not v,  # OpenAI's legacy form of tools: send `tools` instead
     "function_call": lambda v: v in (None, "none"),
     "audio": lambda v: v is None,
     "prediction": lambda v: v is None,
@@ -149,6 +182,7 @@ class ParsedCompletion:
     frame: ChatFrame
     stream: bool
     include_usage: bool
+    tool_calls: bool = False  # the reply is read for tool calls
 
 
 _decoder = msgspec.json.Decoder(CompletionRequest)
@@ -157,10 +191,13 @@ _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[^`]*)`"
 _MISSING_FIELD = re.compile(r"^Object missing required field `(?P<field>[^`]*)`")
 
 
-def parse_completion_request(body: bytes, served_model: str, chat_id: str) -> ParsedCompletion:
-    """The request body as a chat frame for `EdgeService.start_chat`; ApiError (400) when we cannot honour it."""
+T = TypeVar("T")
+
+
+def decode_body(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
+    """The body as the endpoint's request type; ApiError (400) naming the field when it is not one."""
     try:
-        request = _decoder.decode(body)
+        return decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise _validation_error(str(exc)) from exc
     except msgspec.DecodeError as exc:
@@ -168,6 +205,12 @@ def parse_completion_request(body: bytes, served_model: str, chat_id: str) -> Pa
     except RecursionError as exc:  # msgspec stops at the interpreter's recursion limit
         message = f"We could not parse the JSON body of your request: {NESTED_TOO_DEEPLY}"
         raise ApiError(400, message, code="invalid_json") from exc
+
+
+
+def parse_completion_request(body: bytes, served_model: str, chat_id: str) -> ParsedCompletion:
+    """The request body as a chat frame for `EdgeService.start_chat`; ApiError (400) when we cannot honour it."""
+    request = decode_body(_decoder, body)
     for field, is_neutral in NEUTRAL.items():
         if not is_neutral(getattr(request, field)):
             raise ApiError(400, f"`{field}` is not supported by this server", code="unsupported_parameter", param=field)
@@ -180,32 +223,33 @@ def parse_completion_request(body: bytes, served_model: str, chat_id: str) -> Pa
         raise ApiError(
             400, "`stream_options` is only allowed when `stream` is true", code="invalid_value", param="stream_options"
         )
+    if request.top_logprobs is not None and not request.logprobs:
+        raise ApiError(400, "`top_logprobs` needs `logprobs` to be true", code="invalid_value", param="top_logprobs")
     cap = request.max_completion_tokens or request.max_tokens
     limit = {"max_tokens": cap} if cap else {}
     frame = ChatFrame(
         type="chat",
         id=chat_id,
         messages=[m.as_chat_message() for m in request.messages],
-        temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
-        top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
-        seed=request.seed,
-        priority=request.priority or 0,
         conversation=request.prompt_cache_key or request.user,  # what OpenAI routes its cache by
+        logprobs=(request.top_logprobs or 0) if request.logprobs else None,
         **limit,
-        **_controls(request),
+        **sampling_controls(request),
+        **_structured(request),
     )
+    try:
+        request_grammar(frame)  # refused here with its param; the edge's own check finds it cached
+    except InvalidGrammar as exc:
+        param = "tool_choice" if request.tool_choice not in (None, "none", "auto") else "response_format"
+        raise ApiError(400, f"Invalid schema: {exc}", code="invalid_schema", param=param) from exc
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return ParsedCompletion(frame, bool(request.stream), include_usage)
+    return ParsedCompletion(frame, bool(request.stream), include_usage, parses_tool_calls(frame))
 
 
-def _controls(request: CompletionRequest) -> dict[str, Any]:
-    """The sampling controls the request set, by their chat frame names."""
-    stop = [request.stop] if isinstance(request.stop, str) else request.stop
+def _structured(request: CompletionRequest) -> dict[str, Any]:
     given = {
-        "stop": stop, "frequency_penalty": request.frequency_penalty, "presence_penalty": request.presence_penalty,
-        "logit_bias": request.logit_bias, "top_k": request.top_k, "min_tokens": request.min_tokens,
-        "repetition_penalty": request.repetition_penalty, "ignore_eos": request.ignore_eos,
-        "stop_token_ids": request.stop_token_ids,
+        "response_format": request.response_format, "structured_outputs": request.structured_outputs,
+        "tools": request.tools, "tool_choice": request.tool_choice, "parallel_tool_calls": request.parallel_tool_calls,
     }  # fmt: skip
     return {name: value for name, value in given.items() if value is not None}
 
@@ -228,6 +272,7 @@ _STATUS_OF: dict[ErrorCode, tuple[int, str, str]] = {
     ErrorCode.INVALID_MESSAGE: (400, "invalid_request_error", "invalid_value"),
     ErrorCode.INVALID_REQUEST: (400, "invalid_request_error", "invalid_value"),
     ErrorCode.PROMPT_TOO_LONG: (400, "invalid_request_error", "context_length_exceeded"),
+    ErrorCode.INVALID_SCHEMA: (400, "invalid_request_error", "invalid_schema"),
     ErrorCode.TOO_MANY_CHATS: (429, "rate_limit_error", "too_many_chats"),
     ErrorCode.UNAVAILABLE: (503, "server_error", "unavailable"),
     ErrorCode.WORKER_LOST: (503, "server_error", "worker_lost"),
@@ -244,7 +289,7 @@ def refusal_error(code: ErrorCode, message: str, retry_after_ms: int | None = No
     status, type_, api_code = _STATUS_OF.get(code) or (
         (429, "rate_limit_error", code.value) if code.retryable else (500, "server_error", code.value)
     )
-    param = "messages" if code is ErrorCode.PROMPT_TOO_LONG else None
+    param = {ErrorCode.PROMPT_TOO_LONG: "messages", ErrorCode.INVALID_SCHEMA: "response_format"}.get(code)
     retry_after = None
     if status in (429, 503):
         retry_after = -(-retry_after_ms // 1000) if retry_after_ms else RETRY_AFTER_S
@@ -258,7 +303,10 @@ def refusal_error(code: ErrorCode, message: str, retry_after_ms: int | None = No
 _FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.CANCELLED: "stop"}
 
 
-def finish_reason_of(reason: FinishReason) -> str:
+def finish_reason_of(reason: FinishReason, called_tools: bool = False) -> str:
+    """OpenAI's word; a reply that ended in tool calls ends with "tool_calls", unless it was cut short."""
+    if called_tools and reason is FinishReason.STOP:
+        return "tool_calls"
     return _FINISH_REASONS.get(reason, "stop")
 
 
@@ -282,7 +330,24 @@ class CompletionHeader:
     model: str
 
 
-def completion_body(head: CompletionHeader, text: str, done: DoneFrame) -> dict[str, Any]:
+def logprobs_body(logprobs: list[LogprobBody] | None) -> dict[str, Any] | None:
+    """OpenAI's `logprobs` of a choice or a chunk: None when the request did not ask."""
+    if logprobs is None:
+        return None
+
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    return {
+        "content": [entry(lp.token, lp.logprob) | {"top_logprobs": [entry(t, p) for t, p in lp.top_logprobs]} for lp in logprobs],
+        "refusal": None,
+    }
+
+
+def completion_body(
+    head: CompletionHeader, text: str, done: DoneFrame, tool_calls: bool = False, logprobs: list[LogprobBody] | None = None
+) -> dict[str, Any]:
+    message, called = reply_message(text, tool_calls)
     return {
         "id": head.id,
         "object": "chat.completion",
@@ -291,9 +356,9 @@ def completion_body(head: CompletionHeader, text: str, done: DoneFrame) -> dict[
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None,
-                "finish_reason": finish_reason_of(done.finish_reason),
+                "message": message,
+                "logprobs": logprobs_body(logprobs),
+                "finish_reason": finish_reason_of(done.finish_reason, called),
             }
         ],
         "usage": usage_body(done.usage),
@@ -302,14 +367,18 @@ def completion_body(head: CompletionHeader, text: str, done: DoneFrame) -> dict[
 
 
 def chunk_body(
-    head: CompletionHeader, delta: dict[str, str], finish_reason: str | None, include_usage: bool
+    head: CompletionHeader,
+    delta: dict[str, str],
+    finish_reason: str | None,
+    include_usage: bool,
+    logprobs: list[LogprobBody] | None = None,
 ) -> dict[str, Any]:
     chunk: dict[str, Any] = {
         "id": head.id,
         "object": "chat.completion.chunk",
         "created": head.created,
         "model": head.model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs_body(logprobs), "finish_reason": finish_reason}],
         "system_fingerprint": None,
     }
     if include_usage:

@@ -14,7 +14,7 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from services.edge.fleet_view import worker_load
@@ -25,7 +25,7 @@ from shared.membership import MemberView
 from shared.models.block_hash import block_key, hash_full_blocks, salted_root
 from shared.models.cache_salt import CacheSharing
 from shared.models.prompt_length import PromptTokens
-from shared.models.tokenizer import ChatTurn
+from shared.models.raw_prompt import PromptInput
 from shared.partition_owners import REQUESTS_ADDRESS, parse_partitions
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class Placer:
         self,
         request_id: str,
         tenant: str,
-        messages: Sequence[ChatTurn],
+        messages: PromptInput,
         conversation: str | None,
         now: float | None = None,
     ) -> tuple[str, int] | None:
@@ -178,7 +178,7 @@ class Placer:
     def forget_worker(self, worker_id: str) -> None:
         self.index.forget(worker_id)
 
-    def _prompt_keys(self, tenant: str, messages: Sequence[ChatTurn]) -> dict[int, list[int]]:
+    def _prompt_keys(self, tenant: str, messages: PromptInput) -> dict[int, list[int]]:
         """The prompt's chained block keys under its tenant's salt, for each block size workers use."""
         sizes = self.index.block_sizes()
         if self._prompt_tokens is None or not sizes:

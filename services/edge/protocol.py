@@ -11,8 +11,16 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from services.edge.structured_request import (
+    ResponseFormat,
+    StructuredOutputs,
+    ToolCallFrame,
+    ToolChoice,
+    ToolSpec,
+)
 from shared import wire
 from shared.codes import ErrorCode, FinishReason
+from shared.models.raw_prompt import PromptInput, RawPrompt
 
 ChatId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 
@@ -21,12 +29,14 @@ ChatId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     role: wire.Role
     content: str
+    tool_calls: list[ToolCallFrame] = []  # an assistant turn's calls, as OpenAI returned them
+    tool_call_id: str = ""  # a `tool` turn: the call whose result it is
 
 
 class ChatFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     type: Literal["chat"]
     id: ChatId
-    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
+    messages: list[ChatMessage] = []  # the conversation; exactly one of it and `prompt` is given
     max_tokens: wire.MaxTokens = wire.DEFAULT_MAX_TOKENS
     temperature: wire.Temperature = wire.DEFAULT_TEMPERATURE
     top_p: wire.TopP = wire.DEFAULT_TOP_P
@@ -42,11 +52,27 @@ class ChatFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     presence_penalty: wire.Penalty = 0.0
     repetition_penalty: wire.RepetitionPenalty = 1.0
     logit_bias: wire.LogitBias = {}  # token id -> bias added to its logit
+    logprobs: wire.TopLogprobs | None = None  # k: each token's log-probability and its k likeliest alternatives'
     # A conversation id: its turns stay on one worker while the load bound allows (placement.py).
     conversation: str | None = None
+    # Structured output and tools (structured_request.py), in OpenAI's shapes; vLLM's regex/choice extension.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    tools: list[ToolSpec] = []
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
+    prompt: wire.PromptText | wire.PromptTokenIds | None = None  # raw text or token ids, without the chat template
+
+    def __post_init__(self) -> None:
+        if bool(self.messages) == (self.prompt is not None):
+            raise ValueError("a chat has either `messages` (at least one) or `prompt`")
 
     def controls(self) -> wire.Controls:
         return wire.Controls(**{name: getattr(self, name) for name in wire.Controls.__struct_fields__})
+
+    def prompt_input(self) -> PromptInput:
+        """What the model computes from: the messages, or the raw prompt."""
+        return RawPrompt.of(self.prompt) if self.prompt is not None else self.messages
 
 
 class CancelFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -119,10 +145,17 @@ class ResumedFrame(msgspec.Struct, frozen=True, tag_field="type", tag="resumed")
     next_seq: int
 
 
-class TokenFrame(msgspec.Struct, frozen=True, tag_field="type", tag="token"):
+class LogprobBody(msgspec.Struct, frozen=True):
+    token: str
+    logprob: float
+    top_logprobs: list[tuple[str, float]] = []
+
+
+class TokenFrame(msgspec.Struct, frozen=True, tag_field="type", tag="token", omit_defaults=True):
     id: str
     seq: int
     text: str
+    logprobs: list[LogprobBody] = []  # only when the chat asked for logprobs
 
 
 class UsageBody(msgspec.Struct, frozen=True):
@@ -150,6 +183,9 @@ EdgeFrame = AcceptedFrame | ResumedFrame | TokenFrame | DoneFrame | ErrorFrame
 
 def event_frame(chat_id: str, event: wire.Token | wire.Done | wire.Error) -> TokenFrame | DoneFrame | ErrorFrame:
     """The client frame for one token-path event."""
+    if isinstance(event, wire.LoggedToken):
+        logprobs = [LogprobBody(lp.token, lp.logprob, lp.top) for lp in event.logprobs]
+        return TokenFrame(chat_id, event.seq, event.text, logprobs)
     if isinstance(event, wire.Token):
         return TokenFrame(chat_id, event.seq, event.text)
     if isinstance(event, wire.Done):

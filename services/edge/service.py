@@ -42,6 +42,7 @@ from services.edge.protocol import (
 )
 from services.edge.router_link import RefusalLog, RouterLinkServer
 from services.edge.settings import EdgeSettings
+from services.edge.structured_request import structured_fields, wire_messages
 from services.edge.tenancy import FleetLoad, NoFleet, TenantGate
 from services.edge.tenant_directory import TenantDirectory
 from shared import wire
@@ -51,6 +52,7 @@ from shared.link_auth import LinkKeys
 from shared.metering.publisher import UsagePublisher
 from shared.metering.records import UsageContext
 from shared.models.prompt_length import PromptLimit, PromptTokens
+from shared.models.structured import InvalidGrammar
 from shared.producer import Producer
 from shared.routing_map import Route, RoutingMap
 from shared.seal import Seal
@@ -182,7 +184,11 @@ class EdgeService:
         written for a chat that then fails is removed again.
         """
         self._check_new_chat(conn, frame.id)
-        prompt_tokens, reason = self._prompt_limit.measure(frame.messages)
+        try:
+            structured = structured_fields(frame)  # a grammar that cannot compile never reaches a worker
+        except InvalidGrammar as exc:
+            raise ProtocolError(ErrorCode.INVALID_SCHEMA, str(exc), frame.id) from exc
+        prompt_tokens, reason = self._prompt_limit.measure(frame.prompt_input())
         if reason is not None:
             raise ProtocolError(ErrorCode.PROMPT_TOO_LONG, reason, frame.id)
         # The default stays valid on a model whose context is shorter: the worker stops at the context.
@@ -197,7 +203,7 @@ class EdgeService:
             edge_id=self.settings.edge_id,
             conn_id=conn.conn_id,
             tenant=conn.tenant,
-            messages=[wire.Message(m.role, m.content) for m in frame.messages],
+            messages=wire_messages(frame.messages),
             max_tokens=frame.max_tokens,
             temperature=frame.temperature,
             top_p=frame.top_p,
@@ -208,6 +214,8 @@ class EdgeService:
             controls=frame.controls(),
             tier=self.tier_of(conn.tenant),
             prompt_tokens=prompt_tokens,
+            **structured,
+            prompt=frame.prompt,  # a raw prompt (a completion's): fed to the model without the chat template
         )
         payload = self._seal.encode(self.topics.requests, request)  # the frame's ranges are the wire's, so this cannot fail
         conn.open_chat(frame.id, request_id)
@@ -218,7 +226,7 @@ class EdgeService:
             routed = True
             # Accepted goes out before the request can reach a worker, so it precedes every token.
             conn.send(AcceptedFrame(frame.id, request_id, resume_token))
-            placed = self.placer.place(request_id, conn.tenant, frame.messages, frame.conversation)
+            placed = self.placer.place(request_id, conn.tenant, frame.prompt_input(), frame.conversation)
             partition = placed[1] if placed else None  # None: the key's default partition
             await self._producer.send_and_wait(self.topics.requests, payload, key=request_id.encode(), partition=partition)
             self.metrics.chats.labels(self.tier_of(conn.tenant)).inc()

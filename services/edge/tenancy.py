@@ -30,8 +30,11 @@ class FleetLoad(Protocol):
     def load(self) -> float | None:
         """The fleet's load (1.0: full), None when unknown."""
 
-    def admitted(self) -> None:
+    def admitted(self, request_id: str, prompt_tokens: int) -> None:
         """A chat was admitted: its load counts before the workers report it."""
+
+    def ended(self, request_id: str) -> None:
+        """The chat ended: it loads nobody any more."""
 
 
 class NoFleet:
@@ -40,7 +43,10 @@ class NoFleet:
     def load(self) -> float | None:
         return None
 
-    def admitted(self) -> None:
+    def admitted(self, request_id: str, prompt_tokens: int) -> None:
+        pass
+
+    def ended(self, request_id: str) -> None:
         pass
 
 
@@ -91,9 +97,10 @@ class TenantGate:
             await self.streams.release(request_id)
             message = f"this tenant is over its rate (requests_per_min {limits.requests_per_min}, tokens_per_min {limits.tokens_per_min})"
             raise ProtocolError(ErrorCode.RATE_LIMITED, message, chat_id, wait_ms)
-        self._fleet_load.admitted()
+        self._fleet_load.admitted(request_id, prompt_tokens)
 
     async def end_stream(self, request_id: str) -> None:
+        self._fleet_load.ended(request_id)
         await self.streams.release(request_id)
 
     async def adopt_stream(self, tenant: str, request_id: str) -> None:

@@ -7,9 +7,18 @@ The engine's finish reasons and failure codes are words of the wire's vocabulary
 from __future__ import annotations
 
 from services.worker.engine.sampling_params import SamplingParams
-from services.worker.engine.types import EngineOutput, EngineRequest, Message, Usage
+from services.worker.engine.types import (
+    Constraint,
+    EngineOutput,
+    EngineRequest,
+    Message,
+    Tool,
+    ToolCall,
+    Usage,
+)
 from shared import wire
 from shared.codes import ErrorCode, FinishReason
+from shared.models.raw_prompt import RawPrompt
 
 
 def engine_request(chat: wire.ChatRequest) -> EngineRequest:
@@ -20,10 +29,18 @@ def engine_request(chat: wire.ChatRequest) -> EngineRequest:
         top_k=c.top_k, stop=tuple(c.stop), stop_token_ids=tuple(c.stop_token_ids), ignore_eos=c.ignore_eos,
         min_tokens=min(c.min_tokens, chat.max_tokens), frequency_penalty=c.frequency_penalty,
         presence_penalty=c.presence_penalty, repetition_penalty=c.repetition_penalty,
-        logit_bias=tuple(c.logit_bias.items()),
+        logit_bias=tuple(c.logit_bias.items()), logprobs=c.logprobs,
     )  # fmt: skip
-    messages = tuple(Message(m.role, m.content) for m in chat.messages)
-    return EngineRequest(chat.request_id, chat.tenant, messages, sampling, chat.weight, chat.priority)
+    messages = tuple(
+        Message(m.role, m.content, tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls), m.tool_call_id)
+        for m in chat.messages
+    )
+    structured = {
+        "constraint": Constraint(chat.grammar.kind, chat.grammar.spec) if chat.grammar is not None else None,
+        "tools": tuple(Tool(t.name, t.description, t.parameters) for t in chat.tools),
+    }
+    prompt = RawPrompt.of(chat.prompt) if chat.prompt is not None else None
+    return EngineRequest(chat.request_id, chat.tenant, messages, sampling, chat.weight, chat.priority, prompt, **structured)
 
 
 def wire_usage(usage: Usage | None) -> wire.Usage:
@@ -35,7 +52,11 @@ def wire_usage(usage: Usage | None) -> wire.Usage:
 def wire_events(output: EngineOutput, seq: int) -> list[wire.Event]:
     """One step's output as token-path events from `seq` on: its text as a token, then its ending."""
     events: list[wire.Event] = []
-    if output.text:
+    if output.logprobs:
+        logprobs = [wire.Logprob(lp.token, lp.logprob, list(lp.top)) for lp in output.logprobs]
+        events.append(wire.LoggedToken(output.request_id, seq, output.text, logprobs))
+        seq += 1
+    elif output.text:
         events.append(wire.Token(output.request_id, seq, output.text))
         seq += 1
     if output.failure is not None:

@@ -20,7 +20,7 @@ from services.worker.engine.types import (
     StartListener,
     Usage,
 )
-from shared.models.echo import CONTEXT_PIECES, count_prompt_pieces, split_pieces
+from shared.models.echo import CONTEXT_PIECES, count_prompt_pieces, reply_pieces
 
 
 @dataclass
@@ -50,15 +50,13 @@ class EchoEngine:
         self.kv_listener = None  # no KV cache: nothing to tell
 
     def add_request(self, request: EngineRequest) -> None:
-        prompt_pieces = count_prompt_pieces(request.messages)
+        prompt = request.prompt if request.prompt is not None else request.messages
+        prompt_pieces = count_prompt_pieces(prompt)
         if prompt_pieces > self.context:
             raise RequestRejected(
                 FailureCode.PROMPT_TOO_LONG, f"prompt has {prompt_pieces} pieces; the context holds {self.context}"
             )
-        last_user = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
-        self._streams[request.request_id] = _EchoStream(
-            split_pieces(last_user), prompt_pieces, request.sampling.max_tokens
-        )
+        self._streams[request.request_id] = _EchoStream(reply_pieces(prompt), prompt_pieces, request.sampling.max_tokens)
 
     def abort_request(self, request_id: str) -> EngineOutput | None:
         stream = self._streams.pop(request_id, None)

@@ -1,4 +1,4 @@
-"""The echo model's text units: a reply is the last user message, one word piece per step.
+"""The echo model's text units: a reply is the last user message (or a raw prompt), one word piece per step.
 
 A piece is a word with its surrounding whitespace, so the pieces of a text concatenate back
 to it exactly; prompts are counted in pieces, as a real model counts tokens.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from shared.models.raw_prompt import PromptInput, RawPrompt
 from shared.models.tokenizer import ChatTurn
 
 ECHO = "echo"
@@ -21,5 +22,25 @@ def split_pieces(text: str) -> list[str]:
     return pieces or ([text] if text else [])
 
 
-def count_prompt_pieces(messages: Iterable[ChatTurn]) -> int:
-    return sum(len(split_pieces(m.content)) for m in messages)
+def count_prompt_pieces(prompt: PromptInput) -> int:
+    if isinstance(prompt, RawPrompt):
+        return len(raw_pieces(prompt))
+    return sum(len(split_pieces(m.content)) for m in prompt)
+
+
+def reply_pieces(prompt: PromptInput) -> list[str]:
+    """What the echo model replies: a raw prompt's pieces, or the last user message's."""
+    if isinstance(prompt, RawPrompt):
+        return raw_pieces(prompt)
+    return split_pieces(_last_user(prompt))
+
+
+def raw_pieces(prompt: RawPrompt) -> list[str]:
+    """A raw text's pieces; token ids read as their numbers, one piece each ("5 7 9")."""
+    if prompt.text is not None:
+        return split_pieces(prompt.text)
+    return split_pieces(" ".join(str(i) for i in prompt.token_ids or ()))
+
+
+def _last_user(messages: Iterable[ChatTurn]) -> str:
+    return next((m.content for m in reversed(list(messages)) if m.role == "user"), "")

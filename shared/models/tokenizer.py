@@ -89,21 +89,25 @@ class Tokenizer:
             parts.append(self.backend.decode(run, skip_special_tokens=skip_special_tokens))
         return "".join(parts)
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The prompt text the chat template makes of messages."""
+    def render_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The prompt text the chat template makes of messages (and of tools, for a template that lists them)."""
         if self._template is None:
             raise ValueError("this tokenizer has no chat template")
         return self._template.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
-            tools=None,
+            tools=tools,
             documents=None,
             **self.special_tokens,
         )
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         # The template writes any BOS itself: adding special tokens again would double it.
-        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools), add_special_tokens=False)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

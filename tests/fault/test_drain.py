@@ -68,8 +68,10 @@ async def starts_seen(tap: KafkaTap, into: dict[str, list[str]]) -> None:
                     into.setdefault(event.request_id, []).append(event.worker_id)
 
 
-async def test_sigterm_on_a_worker_finishes_its_streams_and_hands_back_the_queued(make_fleet, infra, topics):
-    # Four requests run at once on each worker; the rest wait, not started, as behind a full batch.
+async def test_sigterm_on_a_worker_finishes_its_streams_and_hands_back_the_queued(make_fleet, infra, topics, monkeypatch):
+    # Four requests run at once on each worker; the rest wait, not started, as behind a full batch
+    # (three times the seats: admission, which would refuse most of them, is set to let them queue).
+    monkeypatch.setenv("DRIVETRAIN_TENANCY_FULL_LOAD", "10")
     fleet = make_fleet(edges=1, routers=1, workers=2, echo_delay_ms=20, worker_args=("--echo.max-running", "4"))
     draining = fleet.children["worker-0"]
     starts: dict[str, list[str]] = {}

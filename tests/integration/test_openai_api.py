@@ -28,6 +28,7 @@ from tests.conftest import KafkaTap
 
 HELLO = "Hello there, streaming world!"  # four echo pieces
 USER = [{"role": "user", "content": HELLO}]
+BAD_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objx"}}}  # no such type
 
 
 def api_url(fleet, edge: int = 0) -> str:
@@ -148,7 +149,7 @@ def body(**fields: object) -> dict:
         (json.dumps(body(n=2)).encode(), "unsupported_parameter", "n"),
         (json.dumps({"model": "echo"}).encode(), "invalid_value", "messages"),
         (json.dumps(body(messages=[])).encode(), "invalid_value", "messages"),
-        (json.dumps(body(messages=[{"role": "tool", "content": "x"}])).encode(), "invalid_value", "messages[0].role"),
+        (json.dumps(body(messages=[{"role": "robot", "content": "x"}])).encode(), "invalid_value", "messages[0].role"),
         (json.dumps(body(max_tokens=0)).encode(), "invalid_value", "max_tokens"),
         (json.dumps(body(temperature="hot")).encode(), "invalid_value", "temperature"),
         (json.dumps(body(frobnicate=True)).encode(), "unknown_parameter", "frobnicate"),
@@ -156,8 +157,13 @@ def body(**fields: object) -> dict:
         (json.dumps(body(logit_bias={"ab": 1})).encode(), "invalid_value", "logit_bias"),
         (json.dumps(body(logit_bias={"5": 101})).encode(), "invalid_value", "logit_bias"),
         (json.dumps(body(stop=[""])).encode(), "invalid_value", "stop[0]"),
-        (json.dumps(body(logprobs=True)).encode(), "unsupported_parameter", "logprobs"),
-        (json.dumps(body(tools=[{"type": "function"}])).encode(), "unsupported_parameter", "tools"),
+        (json.dumps(body(top_logprobs=3)).encode(), "invalid_value", "top_logprobs"),
+        (json.dumps(body(logprobs=True, top_logprobs=21)).encode(), "invalid_value", "top_logprobs"),
+        (json.dumps(body(tools=[{"type": "function"}])).encode(), "invalid_value", "tools[0].function"),
+        (json.dumps(body(functions=[{"name": "f"}])).encode(), "unsupported_parameter", "functions"),
+        (json.dumps(body(response_format=BAD_SCHEMA)).encode(), "invalid_schema", "response_format"),
+        (json.dumps(body(structured_outputs={"regex": "[a-"})).encode(), "invalid_schema", "response_format"),
+        (json.dumps(body(tool_choice="required")).encode(), "invalid_schema", "tool_choice"),
         (json.dumps(body(stream_options={"include_usage": True})).encode(), "invalid_value", "stream_options"),
         (b"[1, 2]", "invalid_value", None),
     ],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -78,3 +79,26 @@ async def test_openai_sampling_controls_reach_the_model(smollm2_fleet):
             extra = {"extra_body": penalty} if "repetition_penalty" in penalty else penalty
             changed, _ = await answer(REPEAT, **extra)
             assert changed.lower().count("two") < repeated.lower().count("two"), (penalty, changed)
+
+
+async def test_openai_logprobs_of_each_token_with_its_alternatives(smollm2_fleet):
+    async with AsyncOpenAI(base_url=f"http://127.0.0.1:{smollm2_fleet.spec.base_port}/v1", api_key="dev-key") as client:
+        messages = [{"role": "user", "content": QUESTION}]
+        reply = await client.chat.completions.create(
+            model="smollm2", messages=messages, temperature=0, max_tokens=16, logprobs=True, top_logprobs=3
+        )
+        content = reply.choices[0].logprobs.content
+        assert "".join(t.token for t in content) == reply.choices[0].message.content
+        for t in content:
+            assert len(t.top_logprobs) == 3 and t.logprob <= 0 and t.bytes == list(t.token.encode())
+            assert t.top_logprobs[0].token == t.token  # greedy: the chosen token is the likeliest
+            assert sum(math.exp(top.logprob) for top in t.top_logprobs) <= 1 + 1e-4
+        stream = await client.chat.completions.create(
+            model="smollm2", messages=messages, temperature=0, max_tokens=16, logprobs=True, stream=True
+        )
+        streamed = [t for chunk in [c async for c in stream] if chunk.choices and chunk.choices[0].logprobs
+                    for t in chunk.choices[0].logprobs.content]  # fmt: skip
+        assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in content]
+        assert all(t.top_logprobs == [] for t in streamed)  # logprobs alone: no alternatives
+        plain = await client.chat.completions.create(model="smollm2", messages=messages, temperature=0, max_tokens=4)
+        assert plain.choices[0].logprobs is None

@@ -91,10 +91,13 @@ def test_chats_admitted_since_the_last_report_count_until_the_workers_report_the
     assert view.load() is None  # not joined yet
     view.watch(Gossip())
     assert view.load() == pytest.approx(0.5)
-    for _ in range(3):
-        view.admitted()
+    for i in range(4):
+        view.admitted(f"r{i}", 100)
+    view.ended("r3")  # over before any report: it loads nobody
     assert view.load() == pytest.approx(0.8)  # a burst between two reports is not all let in
     assert admit("free", view.load(), LIMITS, 1000) is not None
-    now[0] = 2.5  # reported by now (they are in the worker's figures, or finished)
+    now[0] = 2.5  # reported by now: in the worker's figures
     assert view.load() == pytest.approx(0.5)
     assert fleet_load([WorkerLoad(running=5, max_running=10)], admitted_since=5) == pytest.approx(1.0)
+    kv = WorkerLoad(running=1, max_running=100, kv_usage=0.5, kv_tokens=1000)
+    assert fleet_load([kv], admitted_since=1, admitted_tokens=300) == pytest.approx(0.8)  # their prompts will need KV

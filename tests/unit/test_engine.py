@@ -91,7 +91,7 @@ SCENARIOS = {
 class RecordingRunner(ModelRunner):
     """Keeps (request id, start position, tokens, sample) of every chunk it runs."""
 
-    def run(self, out: SchedulerOutput) -> dict[str, int]:
+    def run(self, out: SchedulerOutput):
         self.chunks = getattr(self, "chunks", [])
         self.chunks += [(c.request_id, c.start_position, c.num_tokens, c.sample) for c in out.chunks]
         return super().run(out)
@@ -239,7 +239,7 @@ def test_padding_rows_write_nothing_and_leave_real_rows_unchanged(tiny: LlamaMod
     runner = ModelRunner(tiny, resolve(EngineSettings(num_kv_blocks=16), context_length(tiny.config), torch.device("cpu"))[1])
     prompt = random_prompts(7, [19])[0]
     prefill = SchedulerOutput([ScheduledChunk("a", prompt, 0, [3, 5], True, GREEDY)])
-    token = runner.run(prefill)["a"]
+    token = runner.run(prefill).tokens["a"]
     decode = SchedulerOutput([ScheduledChunk("a", [token], 19, [3, 5], True, GREEDY)])
     plain, padded = prepare_inputs(decode, 16), prepare_inputs(decode, 16, pad_to=4)
     assert padded.meta.slot_mapping.tolist() == [5 * 16 + 3, -1, -1, -1]

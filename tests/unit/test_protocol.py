@@ -146,3 +146,14 @@ def test_sampling_controls_travel_to_the_wire_and_through_it():
 def test_sampling_controls_out_of_range_are_invalid_messages(fields):
     error = error_of(chat(**fields))
     assert (error.code, error.chat_id) == ("invalid_message", "c1")
+
+
+def test_logprobs_are_asked_for_on_the_chat_and_come_back_on_its_tokens():
+    assert parse_client_frame(chat(logprobs=3)).controls().logprobs == 3
+    assert error_of(chat(logprobs=21)).code == "invalid_message"
+    event = wire.LoggedToken("r", 0, "Hi", [wire.Logprob("Hi", -0.25, [("Hi", -0.25), ("Ho", -1.5)])])
+    batch = wire.TokenBatch("e", "w", [event])
+    (decoded,) = wire.decode(wire.encode(batch), wire.TokenBatch).events
+    frame = json.loads(encode_frame(event_frame("c1", decoded)))
+    assert frame["logprobs"] == [{"token": "Hi", "logprob": -0.25, "top_logprobs": [["Hi", -0.25], ["Ho", -1.5]]}]
+    assert "logprobs" not in json.loads(encode_frame(event_frame("c1", wire.Token("r", 1, "x"))))  # v1 frames unchanged

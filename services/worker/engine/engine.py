@@ -8,9 +8,12 @@ import logging
 from dataclasses import dataclass, field
 
 import torch
+from llguidance import LLMatcher
 
 from services.worker.engine.block_pool import BlockPool
+from services.worker.engine.grammar_matchers import GrammarMatchers
 from services.worker.engine.kv_cache_manager import KVCacheManager
+from services.worker.engine.logprobs import Sampled, TokenLogprobs
 from services.worker.engine.model import LlamaModel
 from services.worker.engine.model_runner import ModelRunner, RunnerConfig
 from services.worker.engine.request import Request, RequestStatus
@@ -66,6 +69,7 @@ class RequestUpdate:
     new_token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None  # set once it finished
     error: str | None = None  # why the request failed, when it failed alone
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # of new_token_ids, when the request asked
 
 
 def waiting_order(settings: EngineSettings) -> TenantOrder:
@@ -92,6 +96,8 @@ class Engine:
         self.settings = settings
         self.vocab_size = model.config.vocab_size
         self.runner = runner_cls(model, dataclasses.replace(runner_config, eos_token_ids=self.eos_token_ids))
+        self.grammars = GrammarMatchers(self.vocab_size)  # constrained requests' grammar state
+        self.runner.grammars = self.grammars
         pool = BlockPool(self.runner.num_blocks, settings.block_size, enable_caching=settings.enable_prefix_caching)
         self.kv_cache_manager = KVCacheManager(pool, scheduler_config.max_model_len)
         self.scheduler = Scheduler(scheduler_config, self.kv_cache_manager, tenant_order or waiting_order(settings))
@@ -105,7 +111,7 @@ class Engine:
     def max_model_len(self) -> int:
         return self.scheduler.config.max_model_len
 
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request, grammar: LLMatcher | None = None) -> None:
         """Queue a request; RequestRejected, with a typed code, if it can never run here."""
         sampling = request.sampling
         named = [t for t, _ in sampling.logit_bias] + list(sampling.stop_token_ids)
@@ -113,13 +119,17 @@ class Engine:
             message = f"a token id in logit_bias or stop_token_ids is outside the vocabulary (0..{self.vocab_size - 1})"
             raise RequestRejected(FailureCode.INVALID_REQUEST, message)
         self.scheduler.add_request(request)
+        if grammar is not None:  # its sampled tokens keep to the grammar, and it ends when the grammar does
+            self.grammars.add(request.request_id, grammar)
 
     def abort_request(self, request_id: str) -> bool:
         """Cancel a request and free its blocks now; False if unknown."""
+        self.grammars.remove(request_id)
         return self.scheduler.abort_request(request_id)
 
     def finish_request(self, request_id: str, reason: FinishReason) -> bool:
         """Finish a request from outside the loop (a stop string found in its text)."""
+        self.grammars.remove(request_id)
         return self.scheduler.finish_request(request_id, RequestStatus.finished_with(reason))
 
     def get_request(self, request_id: str) -> Request | None:
@@ -170,7 +180,7 @@ class Engine:
         if new and self.start_listener is not None:
             self.start_listener(new)
 
-    def _execute(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, str]]:
+    def _execute(self, out: SchedulerOutput) -> tuple[Sampled, dict[str, str]]:
         """Sampled tokens by request, and the requests whose part of the step raised (with why)."""
         self.num_steps += 1
         try:
@@ -178,15 +188,15 @@ class Engine:
         except Exception:  # any failure: one bad request must not fail the whole batch
             if len(out.chunks) <= 1:
                 log.exception("step failed for %s", [c.request_id for c in out.chunks])
-                return {}, {c.request_id: "the engine failed while running this request" for c in out.chunks}
+                return Sampled(), {c.request_id: "the engine failed while running this request" for c in out.chunks}
             log.exception("batched step of %d requests failed; re-running them one at a time", len(out.chunks))
             self.num_isolated_failures += 1
             return self._isolate(out)
 
-    def _isolate(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, str]]:
+    def _isolate(self, out: SchedulerOutput) -> tuple[Sampled, dict[str, str]]:
         # Re-running a chunk rewrites the same K/V into the same slots and draws from the same
         # seeds, so the chunks that succeed here produce exactly what the batch would have.
-        sampled: dict[str, int] = {}
+        sampled = Sampled()
         failed: dict[str, str] = {}
         for chunk in out.chunks:
             single = SchedulerOutput(chunks=[chunk], num_scheduled_tokens=chunk.num_tokens)
@@ -197,26 +207,36 @@ class Engine:
                 failed[chunk.request_id] = "the engine failed while running this request"
         return sampled, failed
 
-    def _update(self, out: SchedulerOutput, sampled: dict[str, int], failed: dict[str, str]) -> list[RequestUpdate]:
+    def _update(self, out: SchedulerOutput, sampled: Sampled, failed: dict[str, str]) -> list[RequestUpdate]:
         updates = [RequestUpdate(request_id, error=why) for request_id, why in failed.items()]
         for request_id in failed:
             self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ERROR)
-        self.scheduler.update_from_output(out, sampled)
+            self.grammars.remove(request_id)
+        self.scheduler.update_from_output(out, sampled.tokens)
         for chunk in out.chunks:
             request = self.scheduler.get_request(chunk.request_id)
             if not chunk.sample or request is None:
                 continue  # a prompt chunk with more to come, or failed / aborted meanwhile
-            token = sampled[chunk.request_id]
+            token = sampled.tokens[chunk.request_id]
             reason = self._stop_reason(request, token)
             if reason is not None:
                 self.finish_request(request.request_id, reason)
-            updates.append(RequestUpdate(request.request_id, [token], reason))
+            # An end token (EOS, a stop token id) is no text of the reply: it has no logprob entry, as in OpenAI's.
+            lp = sampled.logprobs.get(chunk.request_id)
+            logprobs = [lp] if lp is not None and not self._is_end_token(request, token) else []
+            updates.append(RequestUpdate(request.request_id, [token], reason, logprobs=logprobs))
         return updates
 
-    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
+    def _is_end_token(self, request: Request, token: int) -> bool:
         sampling = request.sampling
+        return token in sampling.stop_token_ids or (token in self.eos_token_ids and not sampling.ignore_eos)
+
+    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
+        grammar_complete = self.grammars.accept(request.request_id, token)
         # Before min_tokens the sampler masked these, so reaching one means the request may end.
-        if token in sampling.stop_token_ids or (token in self.eos_token_ids and not sampling.ignore_eos):
+        if self._is_end_token(request, token):
+            return FinishReason.STOP
+        if grammar_complete:  # the output matches its grammar, which allows nothing more
             return FinishReason.STOP
         if request.reached_max_num_tokens:  # max_tokens, or max_model_len (add_request capped it)
             return FinishReason.LENGTH

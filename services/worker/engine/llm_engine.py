@@ -6,12 +6,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import jinja2
 import torch
+from llguidance import LLMatcher
 
 from services.worker.engine.block_pool import KVCacheListener
 from services.worker.engine.detokenizer import IncrementalDetokenizer
 from services.worker.engine.engine import Engine, RequestUpdate
+from services.worker.engine.grammar_compiler import GrammarCompiler, GrammarQueue
+from services.worker.engine.logprobs import TokenLogprobs
+from services.worker.engine.prompt_ids import prompt_token_ids
 from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.settings import EngineSettings
@@ -22,15 +25,17 @@ from services.worker.engine.types import (
     Failure,
     FailureCode,
     FinishReason,
+    Logprob,
     RequestRejected,
     StartListener,
     Usage,
 )
 from services.worker.engine.weights import load_model
 from shared.models.spec import ModelSpec
-from shared.models.tokenizer import Tokenizer, template_messages
+from shared.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+GRAMMAR_WAIT_S = 0.05  # an engine with nothing else to run waits this long for a grammar to compile
 
 
 @dataclass
@@ -51,12 +56,14 @@ class LLMEngine:
         self.engine = engine
         self.tokenizer = tokenizer
         self._streams: dict[str, _Stream] = {}
+        compiler = GrammarCompiler(tokenizer, engine.vocab_size, tuple(sorted(engine.eos_token_ids)))
+        self.compiling = GrammarQueue(compiler)  # constrained requests wait here for their grammar
 
     def add_request(self, request: EngineRequest) -> None:
-        try:
-            prompt = self.tokenizer.apply_chat_template(template_messages(request.messages))
-        except (jinja2.TemplateError, ValueError, KeyError, TypeError) as exc:
-            raise RequestRejected(FailureCode.INVALID_REQUEST, f"the messages do not fit the chat template: {exc}") from exc
+        prompt = prompt_token_ids(self.tokenizer, request, self.engine.vocab_size)
+        if request.constraint is not None:
+            self.compiling.add(request, prompt)  # joins the engine in a later step, with its grammar
+            return
         self.add_prompt(request.request_id, prompt, request.sampling, request.tenant, request.weight, request.priority)
 
     def add_prompt(
@@ -67,15 +74,18 @@ class LLMEngine:
         tenant: str = "default",
         weight: float = 1.0,
         priority: int = 0,
+        grammar: LLMatcher | None = None,
     ) -> Request:
         """Queue a prompt already in token ids; the engine's Request, which grows as it runs."""
         salt = self.engine.settings.cache_salt(tenant)
         request = Request(request_id, prompt_token_ids, sampling, tenant, salt, weight, priority)
-        self.engine.add_request(request)  # raises RequestRejected, with the scheduler's code
+        self.engine.add_request(request, grammar)  # raises RequestRejected, with the scheduler's code
         self._streams[request_id] = _Stream(request, IncrementalDetokenizer(self.tokenizer, sampling.stop))
         return request
 
     def abort_request(self, request_id: str) -> EngineOutput | None:
+        if self.compiling.remove(request_id):
+            return EngineOutput(request_id, finish_reason=FinishReason.CANCELLED, usage=Usage(0, 0, 0))
         stream = self._streams.pop(request_id, None)
         if stream is None:
             return None
@@ -83,8 +93,26 @@ class LLMEngine:
         return EngineOutput(request_id, finish_reason=FinishReason.CANCELLED, usage=stream.usage())
 
     def step(self) -> list[EngineOutput]:
+        rejected = self._admit_compiled()
+        if not self.engine.has_unfinished_requests():
+            return rejected
         outputs = (self._process(update) for update in self.engine.step() if update.request_id in self._streams)
-        return [output for output in outputs if output.text or output.finished]
+        return rejected + [output for output in outputs if output.text or output.finished or output.logprobs]
+
+    def _admit_compiled(self) -> list[EngineOutput]:
+        """Requests whose grammar is ready join the engine; one whose grammar failed ends here."""
+        idle = not self.engine.has_unfinished_requests()
+        rejected: list[EngineOutput] = []
+        for compiling, grammar in self.compiling.ready(wait_s=GRAMMAR_WAIT_S if idle else 0.0):
+            r = compiling.request
+            try:
+                if isinstance(grammar, Exception):
+                    raise RequestRejected(FailureCode.INVALID_REQUEST, f"the grammar does not compile: {grammar}")
+                prompt = compiling.prompt_token_ids
+                self.add_prompt(r.request_id, prompt, r.sampling, r.tenant, r.weight, r.priority, grammar)
+            except RequestRejected as exc:
+                rejected.append(EngineOutput(r.request_id, usage=Usage(0, 0, 0), failure=exc.failure))
+        return rejected
 
     @property
     def start_listener(self) -> StartListener | None:
@@ -106,10 +134,10 @@ class LLMEngine:
         return self.engine.load()
 
     def has_unfinished_requests(self) -> bool:
-        return self.engine.has_unfinished_requests()
+        return self.engine.has_unfinished_requests() or len(self.compiling) > 0
 
     def request_ids(self) -> list[str]:
-        return list(self._streams)
+        return list(self._streams) + self.compiling.ids()
 
     def _process(self, update: RequestUpdate) -> EngineOutput:
         request_id = update.request_id
@@ -119,6 +147,7 @@ class LLMEngine:
             return EngineOutput(request_id, usage=stream.usage(), failure=Failure(FailureCode.ENGINE_ERROR, update.error))
         detokenizer = stream.detokenizer
         text = "".join(detokenizer.push(token) for token in update.new_token_ids)
+        logprobs = tuple(self._logprob(lp) for lp in update.logprobs)
         finish_reason = update.finish_reason
         if detokenizer.stopped:
             if finish_reason is None:
@@ -127,9 +156,15 @@ class LLMEngine:
         elif finish_reason is not None:
             text += detokenizer.flush()
         if finish_reason is None:
-            return EngineOutput(request_id, text)
+            return EngineOutput(request_id, text, logprobs=logprobs)
         del self._streams[request_id]
-        return EngineOutput(request_id, text, finish_reason, usage=stream.usage())
+        return EngineOutput(request_id, text, finish_reason, usage=stream.usage(), logprobs=logprobs)
+
+    def _logprob(self, lp: TokenLogprobs) -> Logprob:
+        def text(token_id: int) -> str:
+            return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+        return Logprob(text(lp.token_id), lp.logprob, tuple((text(t), p) for t, p in lp.top))
 
 
 def resolve_device(name: str) -> torch.device:

@@ -59,27 +59,36 @@ def _penalise(
     histories: Sequence[Sequence[int]],
     prompt_lens: Sequence[int],
 ) -> None:
+    """Sparse: only the (row, token) pairs a row has seen are read and written, so the cost is
+    the batch's tokens so far, not rows × vocabulary."""
     device, vocab = logits.device, logits.shape[1]
-    index = torch.tensor(rows, device=device)
-    counts = _token_counts([histories[i][prompt_lens[i] :] for i in rows], vocab, device)  # (R, V) output only
-    sub = logits[index]  # (R, V)
-    repetition = torch.tensor([params[i].repetition_penalty for i in rows], device=device)[:, None]
-    if bool((repetition != 1.0).any()):
-        seen = _token_counts([histories[i] for i in rows], vocab, device) > 0  # prompt and output
-        sub = torch.where(seen, torch.where(sub > 0, sub / repetition, sub * repetition), sub)
-    frequency = torch.tensor([params[i].frequency_penalty for i in rows], device=device)[:, None]
-    presence = torch.tensor([params[i].presence_penalty for i in rows], device=device)[:, None]
-    sub = sub - frequency * counts - presence * (counts > 0)
-    logits[index] = sub
+    repeating = [i for i in rows if params[i].repetition_penalty != 1.0]
+    if repeating:
+        row, token = _unique_pairs(repeating, [histories[i] for i in repeating], vocab, device)  # prompt and output
+        penalty = torch.tensor([params[i].repetition_penalty for i in range(len(params))], device=device)[row]
+        seen = logits[row, token]
+        logits[row, token] = torch.where(seen > 0, seen / penalty, seen * penalty)
+    outputs = [histories[i][prompt_lens[i] :] for i in rows]
+    frequency = torch.tensor([p.frequency_penalty for p in params], device=device)
+    presence = torch.tensor([p.presence_penalty for p in params], device=device)
+    row, token = _pairs(rows, outputs, device)  # every output token, repeats included
+    if row.numel():
+        logits.index_put_((row, token), -frequency[row], accumulate=True)  # frequency × count
+        row, token = _unique_pairs(rows, outputs, vocab, device)
+        logits[row, token] -= presence[row]
 
 
-def _token_counts(sequences: list[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
-    """(R, V) how often each token occurs in each sequence: one scatter for the whole batch."""
-    counts = torch.zeros(len(sequences), vocab, device=device)
-    lengths = torch.tensor([len(s) for s in sequences])
-    if int(lengths.sum()) == 0:
-        return counts
-    tokens = torch.tensor(list(itertools.chain.from_iterable(sequences)), device=device)
-    row = torch.repeat_interleave(torch.arange(len(sequences)), lengths).to(device)
-    counts.index_put_((row, tokens), torch.ones_like(tokens, dtype=counts.dtype), accumulate=True)
-    return counts
+def _pairs(rows: list[int], sequences: list[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, token) for every token of every row's sequence: one tensor each for the batch."""
+    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
+    tokens = torch.tensor(list(itertools.chain.from_iterable(sequences)), dtype=torch.long)
+    row = torch.repeat_interleave(torch.tensor(rows, dtype=torch.long), lengths)
+    return row.to(device), tokens.to(device)
+
+
+def _unique_pairs(
+    rows: list[int], sequences: list[Sequence[int]], vocab: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    row, token = _pairs(rows, sequences, device)
+    flat = torch.unique(row * vocab + token)
+    return flat // vocab, flat % vocab

@@ -15,8 +15,11 @@ import torch
 from services.worker.engine.attention import AttentionMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
 from services.worker.engine.cuda_graphs import CudaGraphRunner
+from services.worker.engine.grammar_mask import apply_token_bitmask
+from services.worker.engine.grammar_matchers import GrammarMatchers
 from services.worker.engine.kv_cache_manager import cdiv
 from services.worker.engine.logits_processors import process_logits
+from services.worker.engine.logprobs import Sampled, token_logprobs
 from services.worker.engine.model import (
     LlamaModel,
     allocate_kv_cache,
@@ -131,6 +134,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}  # seeded requests only
+        self.grammars: GrammarMatchers | None = None  # the engine's constrained requests (structured output)
         self.num_blocks = config.num_kv_blocks or self._size_kv_pool()
         self.kv_caches = allocate_kv_cache(model.config, self.num_blocks, self.block_size, self.device, self.dtype)
         self.graphs: CudaGraphRunner | None = None
@@ -141,19 +145,22 @@ class ModelRunner:
         log.info("KV cache: %d blocks of %d tokens on %s", self.num_blocks, self.block_size, self.device)
 
     @torch.no_grad()
-    def run(self, out: SchedulerOutput) -> dict[str, int]:
-        """The sampled token of every chunk with sample=True, by request id."""
+    def run(self, out: SchedulerOutput) -> Sampled:
+        """The sampled token of every chunk with sample=True, by request id (and logprobs where asked)."""
         self.drop_requests(out.finished_ids + out.preempted_ids)
         if out.is_empty:
-            return {}
+            return Sampled()
         inputs = prepare_inputs(out, self.block_size, self._graph_size(out))
         hidden = self._forward(self._to_device(inputs))  # (T or padded B, C)
         if not inputs.sample_ids:
-            return {}
+            return Sampled()
         logits = self.model.compute_logits(hidden[inputs.sample_rows.to(self.device)])  # (S, V)
         logits = process_logits(logits, inputs.sampling, inputs.histories, inputs.prompt_lens, self.config.eos_token_ids)
+        if self.grammars is not None and (masked := self.grammars.bitmask(inputs.sample_ids, self.device)) is not None:
+            apply_token_bitmask(logits, *masked)  # constrained rows keep only what their grammar allows
         tokens = self.sampler(logits, inputs.sampling, self._generators_for(inputs))  # (S,)
-        return dict(zip(inputs.sample_ids, tokens.tolist(), strict=True))
+        logprobs = token_logprobs(logits, inputs.sampling, tokens, inputs.sample_ids)
+        return Sampled(dict(zip(inputs.sample_ids, tokens.tolist(), strict=True)), logprobs)
 
     def drop_requests(self, request_ids: list[str]) -> None:
         """Forget per-request state (seeded generators) of finished or preempted requests."""

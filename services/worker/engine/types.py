@@ -11,6 +11,7 @@ from typing import Protocol
 
 from services.worker.engine.block_pool import KVCacheListener
 from services.worker.engine.sampling_params import SamplingParams
+from shared.models.raw_prompt import RawPrompt
 
 
 class FinishReason(StrEnum):
@@ -42,9 +43,35 @@ class RequestRejected(Exception):
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text
+
+
+@dataclass(frozen=True)
 class Message:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn's calls
+    tool_call_id: str = ""  # a tool turn: the call it answers
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the prompt offers the model."""
+
+    name: str
+    description: str = ""
+    parameters: str = "{}"  # JSON schema text
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the output must match: `kind` and `spec` as shared/models/structured.py reads them."""
+
+    kind: str
+    spec: str = ""
 
 
 @dataclass(frozen=True)
@@ -55,6 +82,9 @@ class EngineRequest:
     sampling: SamplingParams
     weight: float = 1.0  # the tenant's share of the engine against other tenants (fair share)
     priority: int = 0  # among the tenant's own waiting requests, lower first
+    prompt: RawPrompt | None = None  # set: fed to the model as it is, without the chat template; messages empty
+    constraint: Constraint | None = None  # structured output: decoding keeps to this grammar
+    tools: tuple[Tool, ...] = ()  # rendered into the prompt
 
 
 @dataclass(frozen=True)
@@ -62,6 +92,15 @@ class Usage:
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """One generated token's text and log-probability, and its most likely alternatives."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +112,9 @@ class EngineOutput:
     finish_reason: FinishReason | None = None
     usage: Usage | None = None  # set when it finished or failed
     failure: Failure | None = None
+    # Of the tokens this step generated, when the request asked; their text may be held back
+    # (a possible stop string) and come in a later output.
+    logprobs: tuple[Logprob, ...] = ()
 
     @property
     def finished(self) -> bool:

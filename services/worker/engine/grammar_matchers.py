@@ -1,0 +1,60 @@
+"""Each constrained request's grammar state: the token mask of its next step, filled for the whole batch
+in one call into the grammar library (which fills rows in parallel, without the GIL), and the state
+advanced by each token sampled."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import llguidance
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class GrammarMatchers:
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self._words = (vocab_size + 31) // 32
+        self._matchers: dict[str, llguidance.LLMatcher] = {}
+        self._executor = llguidance.LLExecutor()
+
+    def __len__(self) -> int:
+        return len(self._matchers)
+
+    def add(self, request_id: str, matcher: llguidance.LLMatcher) -> None:
+        self._matchers[request_id] = matcher
+
+    def remove(self, request_id: str) -> None:
+        self._matchers.pop(request_id, None)
+
+    def bitmask(
+        self, sample_ids: Sequence[str], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows, bitmask) for the sampled rows that have a grammar, or None when none has."""
+        if not self._matchers:
+            return None
+        rows = [i for i, request_id in enumerate(sample_ids) if request_id in self._matchers]
+        if not rows:
+            return None
+        mask = np.full((len(rows), self._words), -1, dtype=np.int32)  # (R, W)
+        targets = [(self._matchers[sample_ids[row]], i) for i, row in enumerate(rows)]
+        self._executor.unsafe_compute_mask_ptr(targets, mask.ctypes.data, self._words * 4, len(rows))
+        bitmask = torch.from_numpy(mask)
+        if device.type != "cpu":
+            bitmask = bitmask.pin_memory().to(device, non_blocking=True)
+        return torch.tensor(rows, device=device), bitmask
+
+    def accept(self, request_id: str, token: int) -> bool:
+        """Advance the request's grammar by its sampled token; True once the grammar is complete."""
+        matcher = self._matchers.get(request_id)
+        if matcher is None:
+            return False
+        if not matcher.consume_token(token):
+            # Only a token the mask allowed reaches here, so this is the library's own failure: end
+            # the request rather than sample on from a state that allows nothing.
+            log.warning("grammar of %s refused token %d: %s", request_id, token, matcher.get_error())
+            return True
+        return matcher.is_stopped()
