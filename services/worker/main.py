@@ -41,6 +41,7 @@ def gossiped_load(engine: GenerationEngine) -> dict[str, int | float]:
 async def serve_worker(settings: WorkerSettings, engine: GenerationEngine, health: Health, stopping: asyncio.Event) -> None:
     redis = make_cluster(settings.redis)
     membership = await join_fleet(settings, settings.name, "worker", {}, gossiped_load(engine))
+
     def publish_assignment(partitions: frozenset[int]) -> None:
         membership.set_addresses({REQUESTS_ADDRESS: format_partitions(partitions)})
 
