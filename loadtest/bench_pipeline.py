@@ -5,10 +5,20 @@ the same clients in this process, one socket per stream. A token's latency is it
 arrival minus when the model's schedule says it was due, (k+1) * delay after the
 chat was sent, so the difference between the two sides is what the path adds. That
 splits into the first token's extra wait (admission: route write, request through
-Kafka, the start on record) and each token's lag behind the stream's first token
-(the token path alone: worker -> Kafka -> router -> edge -> socket).
+Kafka, the start on record) and each token's lag behind the stream's first token. The
+lag is the token path's variation (jitter, a backlog building up), less what the first
+token alone paid (its start on record): a path that took the same time for every token
+would show none. What the token path itself takes per token is measured by the fleet:
 
-    python loadtest/bench_pipeline.py --json loadtest/results/pipeline.json
+Each pipeline row carries `hops`, where the time went hop by hop, from the services' own
+hop histograms (loadtest/pipeline_hops.py), and `token_path_ms`, the token path's hops
+(token_kafka, route, link, socket_write) added up: their means add to the path's mean;
+their p50s and p99s add to a conservative figure, not the path's own quantiles.
+`worker_start` includes one model step (`delay_ms`), which the direct socket waits too.
+With `--rounds N` each figure is the median of N rounds, direct and pipeline taking
+turns, since a shared machine is noisy.
+
+    python loadtest/bench_pipeline.py --rounds 3 --json loadtest/results/pipeline.json
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import time
 import uuid
@@ -23,14 +34,16 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pipeline_hops
 from websockets.asyncio.server import serve
 
 from services.launcher.fleet import Fleet
 from services.launcher.spec import FleetSpec
 from shared.chat_client import ChatSocket
-from shared.infra.command import fresh_topics
+from shared.infra.command import drop_topics, fresh_topics
 from shared.infra.settings import InfraSettings
 from shared.models.echo import split_pieces
+from shared.topics import TopicLayout
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DIRECT_PORT = 28999
@@ -104,7 +117,7 @@ async def run_streams(url: str, streams: int, words: int, delay_s: float) -> dic
     }
 
 
-def start_fleet(delay_ms: float) -> tuple[Fleet, Path]:
+def start_fleet(delay_ms: float) -> tuple[Fleet, Path, TopicLayout]:
     layout = fresh_topics("bench", partitions=8)
     log_dir = Path(InfraSettings().infra_dir) / "logs" / "bench"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -114,10 +127,47 @@ def start_fleet(delay_ms: float) -> tuple[Fleet, Path]:
     )
     fleet = Fleet(spec, log_dir=log_dir, echo_logs=False)
     fleet.start()
-    return fleet, log_dir
+    return fleet, log_dir, layout
 
 
-async def measure(args: argparse.Namespace, pipeline_url: str) -> list[dict]:
+def fleet_metrics_urls(spec: FleetSpec) -> list[str]:
+    edges = [f"http://127.0.0.1:{spec.base_port + i}/metrics" for i in range(spec.edges)]
+    workers = [f"http://127.0.0.1:{spec.worker_metrics_port(i)}/metrics" for i in range(spec.workers)]
+    routers = [f"http://127.0.0.1:{spec.router_metrics_port(i)}/metrics" for i in range(spec.routers)]
+    return edges + workers + routers
+
+
+def median_row(rounds: list[dict]) -> dict:
+    """Each number the median of the rounds' (an odd count gives one round's own value)."""
+    first = rounds[0]
+    if isinstance(first, dict):
+        return {key: median_row([r[key] for r in rounds if key in r]) for key in first}
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        return round(statistics.median(rounds), 3)
+    return first
+
+
+async def measure_round(args: argparse.Namespace, streams: int, pipeline_url: str, metrics_urls: list[str]) -> dict:
+    delay_s = args.delay_ms / 1000
+    direct = await run_streams(f"ws://127.0.0.1:{DIRECT_PORT}/v1/chat", streams, args.words, delay_s)
+    before = await asyncio.to_thread(pipeline_hops.scrape, metrics_urls)
+    pipeline = await run_streams(pipeline_url, streams, args.words, delay_s)
+    pipeline["hops"] = pipeline_hops.breakdown(before, await asyncio.to_thread(pipeline_hops.scrape, metrics_urls))
+    pipeline["token_path_ms"] = pipeline_hops.token_path(pipeline["hops"])
+    return {
+        "streams": streams,
+        "direct": direct,
+        "pipeline": pipeline,
+        "added_latency_ms_p50": round(pipeline["latency_ms_p50"] - direct["latency_ms_p50"], 2),
+        "added_latency_ms_p99": round(pipeline["latency_ms_p99"] - direct["latency_ms_p99"], 2),
+        "added_token_lag_ms_p50": round(pipeline["token_lag_ms_p50"] - direct["token_lag_ms_p50"], 2),
+        "added_token_lag_ms_p99": round(pipeline["token_lag_ms_p99"] - direct["token_lag_ms_p99"], 2),
+        "added_first_token_ms_p50": round(pipeline["first_token_ms_p50"] - direct["first_token_ms_p50"], 2),
+        "throughput_ratio": round(pipeline["tokens_per_s"] / direct["tokens_per_s"], 3),
+    }
+
+
+async def measure(args: argparse.Namespace, pipeline_url: str, metrics_urls: list[str]) -> list[dict]:
     delay_s = args.delay_ms / 1000
     server = await direct_echo_server(delay_s)
     rows = []
@@ -125,19 +175,8 @@ async def measure(args: argparse.Namespace, pipeline_url: str) -> list[dict]:
         for streams in args.streams:
             for _ in range(args.warmup):
                 await run_streams(pipeline_url, min(streams, 20), 5, delay_s)
-            direct = await run_streams(f"ws://127.0.0.1:{DIRECT_PORT}/v1/chat", streams, args.words, delay_s)
-            pipeline = await run_streams(pipeline_url, streams, args.words, delay_s)
-            row = {
-                "streams": streams,
-                "direct": direct,
-                "pipeline": pipeline,
-                "added_latency_ms_p50": round(pipeline["latency_ms_p50"] - direct["latency_ms_p50"], 2),
-                "added_latency_ms_p99": round(pipeline["latency_ms_p99"] - direct["latency_ms_p99"], 2),
-                "added_token_lag_ms_p50": round(pipeline["token_lag_ms_p50"] - direct["token_lag_ms_p50"], 2),
-                "added_token_lag_ms_p99": round(pipeline["token_lag_ms_p99"] - direct["token_lag_ms_p99"], 2),
-                "added_first_token_ms_p50": round(pipeline["first_token_ms_p50"] - direct["first_token_ms_p50"], 2),
-                "throughput_ratio": round(pipeline["tokens_per_s"] / direct["tokens_per_s"], 3),
-            }
+            rounds = [await measure_round(args, streams, pipeline_url, metrics_urls) for _ in range(args.rounds)]
+            row = median_row(rounds) | {"rounds": args.rounds}
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:
@@ -153,12 +192,13 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     streams = [str(r["streams"]) for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right, hops) = plt.subplots(1, 3, figsize=(17, 4))
     x = np.arange(len(rows))
     left.bar(x - 0.3, [r["added_latency_ms_p50"] for r in rows], 0.2, label="per token, from send, p50")
     left.bar(x - 0.1, [r["added_latency_ms_p99"] for r in rows], 0.2, label="per token, from send, p99")
-    left.bar(x + 0.1, [r["added_token_lag_ms_p50"] for r in rows], 0.2, label="token path, p50")
-    left.bar(x + 0.3, [r["added_token_lag_ms_p99"] for r in rows], 0.2, label="token path, p99")
+    token_paths = [r["pipeline"].get("token_path_ms", {}) for r in rows]
+    left.bar(x + 0.1, [t.get("mean_ms", 0.0) for t in token_paths], 0.2, label="token path (hops), mean")
+    left.bar(x + 0.3, [t.get("p99_sum_ms", 0.0) for t in token_paths], 0.2, label="token path (hops), p99s added")
     left.set(xticks=x, xticklabels=streams, xlabel="concurrent streams", ylabel="ms", title="latency the path adds")
     left.set_yscale("symlog")
     left.legend()
@@ -166,6 +206,20 @@ def plot(rows: list[dict], path: Path) -> None:
     right.bar(x + 0.2, [r["pipeline"]["tokens_per_s"] for r in rows], 0.4, label="through Kafka + router")
     right.set(xticks=x, xticklabels=streams, xlabel="concurrent streams", ylabel="tokens/s", title="tokens delivered")
     right.legend()
+    # Each hop's share of the hops' summed means, the sum written above its bar.
+    means = {h: np.array([r["pipeline"].get("hops", {}).get(h, {}).get("mean_ms", 0.0) for r in rows])
+             for h in dict.fromkeys(h for r in rows for h in r["pipeline"].get("hops", {}))}  # fmt: skip
+    total = sum(means.values(), np.zeros(len(rows)))
+    bottom = np.zeros(len(rows))
+    for hop, ms in means.items():
+        share = np.divide(100 * ms, total, out=np.zeros(len(rows)), where=total > 0)
+        hops.bar(x, share, 0.5, bottom=bottom, label=hop)
+        bottom += share
+    for i, ms in enumerate(total):
+        hops.text(x[i], 101, f"{ms:.0f} ms", ha="center", va="bottom", fontsize="small")
+    hops.set(xticks=x, xticklabels=streams, xlabel="concurrent streams", ylabel="% of the hops' mean time", ylim=(0, 112),
+             title="where the time goes, hop by hop")  # fmt: skip
+    hops.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))  # in path order
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -176,13 +230,15 @@ def main() -> None:
     parser.add_argument("--words", type=int, default=50, help="tokens per stream")
     parser.add_argument("--delay-ms", type=float, default=20.0, help="echo model pace: one piece per step")
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=1, help="rounds per stream count; each figure is their median")
     parser.add_argument("--json", type=Path, default=RESULTS / "pipeline.json")
     args = parser.parse_args()
-    fleet, log_dir = start_fleet(args.delay_ms)
+    fleet, log_dir, layout = start_fleet(args.delay_ms)
     try:
-        rows = asyncio.run(measure(args, fleet.spec.chat_url(0)))
+        rows = asyncio.run(measure(args, fleet.spec.chat_url(0), fleet_metrics_urls(fleet.spec)))
     finally:
         fleet.stop()
+        drop_topics(layout)  # the broker keeps none of ours
     args.json.parent.mkdir(parents=True, exist_ok=True)
     command = "python loadtest/bench_pipeline.py " + " ".join(sys.argv[1:])
     args.json.write_text(json.dumps({"command": command.strip(), "delay_ms": args.delay_ms, "words": args.words, "rows": rows}, indent=2))

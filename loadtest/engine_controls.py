@@ -13,6 +13,7 @@ import json
 import statistics
 
 import numpy as np
+import torch
 from engine_scenarios import Sizes, random_tokens, with_engine
 
 from services.worker.engine.engine import Engine
@@ -62,45 +63,69 @@ def controls(model: LlamaModel, sizes: Sizes, args: argparse.Namespace) -> dict:
 
 
 # --- a JSON-schema-constrained batch against a plain one --------------------------------------------
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
-          "required": ["name", "tags"]}  # fmt: skip
-MEASURED_STEPS = 16
+# An array that must hold 1,000 strings before it may close: random weights cannot finish it (each
+# item takes two tokens at least), so all 64 rows stay under the grammar while they are timed.
+TAGS = {"type": "array", "minItems": 1000, "items": {"type": "string", "maxLength": 12}}
+SCHEMA = {"type": "object", "properties": {"tags": TAGS}, "required": ["tags"]}
+STRUCTURED_ROUNDS, MEASURED_STEPS = 7, 10
+# The same sampling on both sides; ignore_eos keeps a plain row from leaving at a random EOS.
+STRUCTURED_SAMPLING = SamplingParams(max_tokens=400, temperature=1.0, ignore_eos=True)
 
 
-def structured_step_seconds(llm, constrained: bool, tag: str, clock) -> float:
-    """Median time of a decode step of the whole batch, every request under the grammar or none."""
+def structured_step_seconds(llm, constrained: bool, tag: str, clock) -> list[float]:
+    """Times of decode steps in which every one of the 64 rows drew a token, every row under the
+    grammar or none; a step with fewer rows sampled is not timed."""
     from services.worker.engine.types import Constraint, EngineRequest, Message
 
     constraint = Constraint("json_schema", json.dumps(SCHEMA)) if constrained else None
-    sampling = SamplingParams(max_tokens=400, temperature=1.0, seed=3)
     ids = [f"{tag}{i}" for i in range(BATCH)]
     for request_id in ids:
-        llm.add_request(EngineRequest(request_id, "t", (Message("user", "JSON please"),), sampling, constraint=constraint))
-    while llm.compiling.ids() or any(r.num_computed_tokens < r.num_prompt_tokens for r in llm.engine.scheduler.running):
+        message = (Message("user", "JSON please"),)
+        llm.add_request(EngineRequest(request_id, "t", message, STRUCTURED_SAMPLING, constraint=constraint))
+    scheduler = llm.engine.scheduler
+    while len(llm.compiling) or scheduler.num_waiting or any(r.num_output_tokens == 0 for r in scheduler.running):
         llm.step()  # grammars compiled and prompts computed: only decode steps are timed
-    times = []
-    for _ in range(MEASURED_STEPS):
+    requests = [llm.engine.get_request(request_id) for request_id in ids]
+    if len(llm.engine.grammars) != (BATCH if constrained else 0) or scheduler.num_running != BATCH:
+        raise RuntimeError(f"expected {BATCH} running requests, {'all' if constrained else 'none'} under a grammar")
+    times: list[float] = []
+    for _ in range(3 * MEASURED_STEPS):
+        before = [r.num_output_tokens for r in requests]
         start = clock()
         llm.step()
-        times.append(clock() - start)
+        elapsed = clock() - start
+        if sum(r.num_output_tokens == n + 1 and not r.is_finished for r, n in zip(requests, before)) == BATCH:
+            times.append(elapsed)
+        if len(times) == MEASURED_STEPS or any(r.is_finished for r in requests):
+            break
     for request_id in ids:
         llm.abort_request(request_id)
-    return statistics.median(times)
+    if len(times) < MEASURED_STEPS:
+        raise RuntimeError(f"only {len(times)} steps sampled all {BATCH} rows: the batch did not stay full")
+    return times
 
 
 def structured(model: LlamaModel, sizes: Sizes, args: argparse.Namespace) -> dict:
-    """The `tiny` shape with its tokenizer (the grammar needs one), so the weights are its own."""
+    """The `tiny` shape with its tokenizer (the grammar needs one), so the weights are its own.
+    Rounds interleaved, each side first in turn; the ratio is the median of the rounds' ratios."""
     from services.worker.engine.llm_engine import build_llm_engine
     from shared.models.spec import resolve_model
 
+    torch.manual_seed(0)  # the unseeded draws come from the global generator
     settings = EngineSettings(max_num_seqs=BATCH, max_batch_tokens=BATCH * PROMPT, num_kv_blocks=BATCH * 40)
     llm = build_llm_engine(resolve_model("tiny"), settings, str(next(model.parameters()).device))
     rounds: dict[str, list[float]] = {"plain": [], "json_schema": []}
-    for r in range(ROUNDS):
-        rounds["plain"].append(structured_step_seconds(llm, False, f"p{r}-", args.clock))
-        rounds["json_schema"].append(structured_step_seconds(llm, True, f"j{r}-", args.clock))
+    for r in range(STRUCTURED_ROUNDS):
+        sides = [("plain", False), ("json_schema", True)]
+        for name, constrained in sides if r % 2 == 0 else sides[::-1]:
+            times = structured_step_seconds(llm, constrained, f"{name[0]}{r}-", args.clock)
+            rounds[name].append(statistics.median(times))
+    ratios = [j / p for p, j in zip(rounds["plain"], rounds["json_schema"])]
     plain, constrained = statistics.median(rounds["plain"]), statistics.median(rounds["json_schema"])
     return {
-        "batch": BATCH, "rounds": ROUNDS, "step_s_plain": plain, "step_s_json_schema": constrained,
-        "json_schema_step_over_plain": constrained / plain, "per_round": rounds,
+        "batch": BATCH, "rounds": STRUCTURED_ROUNDS, "timed_steps_per_round": MEASURED_STEPS,
+        "schema": SCHEMA, "rows_sampled_in_each_timed_step": BATCH,
+        "step_s_plain": plain, "step_s_json_schema": constrained,
+        "json_schema_step_over_plain": statistics.median(ratios), "ratio_of_medians": constrained / plain,
+        "round_ratios": ratios, "per_round": rounds,
     }  # fmt: skip

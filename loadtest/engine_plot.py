@@ -39,6 +39,10 @@ def plot_results(results: dict, path: Path) -> Path | None:
     if "structured" in results:
         r = results["structured"]
         panels.append(("decode step of 64 (ms)", {"plain": r["step_s_plain"] * 1e3, "JSON schema": r["step_s_json_schema"] * 1e3}))
+    if "overhead" in results:
+        r = results["overhead"]
+        bars = {f"{k[11:]}\nrunning": v for k, v in r.items() if k.startswith("step_ms_at_")}
+        panels.append((f"engine's own step, stub {r['stub_shape']} (ms)", bars))
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)

@@ -256,6 +256,7 @@ class ForwardBatch(msgspec.Struct, frozen=True, tag="forward"):
 
     deliveries: list[Delivery]
     v: int = WIRE_VERSION
+    sent_at: float = 0.0  # when the router wrote it (unix seconds), for the edge's link timing; 0: untimed
 
 
 BlockKey = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]  # the first 63 bits of a block hash (block_hash.py)

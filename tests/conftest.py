@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 from services.launcher.fleet import Fleet  # noqa: E402
 from services.launcher.spec import FleetSpec  # noqa: E402
 from shared import wire  # noqa: E402
-from shared.infra.command import ensure_up, fresh_topics  # noqa: E402
+from shared.infra.command import drop_topics, ensure_up, fresh_topics  # noqa: E402
 from shared.infra.settings import InfraSettings  # noqa: E402
 from shared.membership.settings import MembershipSettings  # noqa: E402
 from shared.seal import Seal  # noqa: E402
@@ -41,8 +41,10 @@ def infra() -> InfraSettings:
 
 
 @pytest.fixture(scope="session")
-def topics(infra) -> TopicLayout:
-    return fresh_topics("test")
+def topics(infra) -> Iterator[TopicLayout]:
+    layout = fresh_topics("test")
+    yield layout
+    drop_topics(layout)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ client="+auth +hello +ping +readonly +command +cluster|slots +cluster|shards +cl
 cat >/tmp/users.acl <<ACL
 user default off resetkeys resetchannels -@all
 user admin on >$REDIS_ADMIN_PASSWORD ~* &* +@all
-user edge on >$REDIS_EDGE_PASSWORD resetchannels ~route:* +hset +expire +hmget +hincrby +del $client
+user edge on >$REDIS_EDGE_PASSWORD resetchannels ~route:* ~response:* +hset +expire +hmget +hincrby +del +get +set $client
 user worker on >$REDIS_WORKER_PASSWORD resetchannels %R~claim:* +get $client
 user router on >$REDIS_ROUTER_PASSWORD resetchannels %R~route:* %W~claim:* +hmget +set $client
 ACL

@@ -17,6 +17,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from services.edge.protocol import EdgeFrame, event_frame
 from services.edge.stream_order import StreamOrder
+from services.edge.tool_replies import ToolReply
 from shared import wire
 from shared.codes import ErrorCode
 
@@ -34,6 +35,7 @@ class Chat:
     opened_at: float = field(default_factory=time.monotonic)
     last_event_at: float = field(default_factory=time.monotonic)
     last_token_at: float | None = None
+    tool_reply: ToolReply | None = None  # its reply is read for tool calls, which its done frame carries
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,8 @@ class Connection:
         self.key_hash = key_hash  # the key it proved itself with: when that is revoked, it is closed
         self._sink = sink
         self._closer = closer  # a WebSocket's close; None for an HTTP response
-        self._outbox: asyncio.Queue[EdgeFrame | None] = asyncio.Queue()
+        self._outbox: asyncio.Queue[tuple[EdgeFrame, float] | None] = asyncio.Queue()  # (frame, queued at)
+        self.on_written: Callable[[float], None] | None = None  # told each frame's seconds from queued to written
         self._written = asyncio.Event()  # the writer has ended
         self._by_chat: dict[str, Chat] = {}
         self._by_request: dict[str, Chat] = {}
@@ -86,8 +89,9 @@ class Connection:
     def request_ids(self) -> list[str]:
         return list(self._by_request)
 
-    def open_chat(self, chat_id: str, request_id: str, next_seq: int = 0, epoch: int = 0) -> None:
-        chat = Chat(chat_id, request_id, epoch=epoch)
+    def open_chat(self, chat_id: str, request_id: str, next_seq: int = 0, epoch: int = 0, reads_tools: bool = False) -> None:
+        """`reads_tools`: a chat that started here with tools; a resumed one has not seen its whole text."""
+        chat = Chat(chat_id, request_id, epoch=epoch, tool_reply=ToolReply() if reads_tools else None)
         chat.order.next_seq = next_seq
         self._by_chat[chat_id] = chat
         self._by_request[request_id] = chat
@@ -102,7 +106,7 @@ class Connection:
 
     # Outgoing frames ---------------------------------------------------------------
     def send(self, frame: EdgeFrame) -> None:
-        self._outbox.put_nowait(frame)
+        self._outbox.put_nowait((frame, time.perf_counter()))
 
     def deliver(self, event: wire.Event, worker_id: str | None = None) -> Delivered | None:
         """Queue a token-path event in seq order; None if it is for no chat of this connection.
@@ -125,7 +129,8 @@ class Connection:
         duplicates = chat.order.num_duplicates
         ready = chat.order.push(event)
         for out in ready:
-            self._outbox.put_nowait(event_frame(chat.chat_id, out))
+            frame = event_frame(chat.chat_id, out)
+            self.send(chat.tool_reply.read(frame) if chat.tool_reply is not None else frame)
         if chat.order.finished:
             self.close_chat(event.request_id)
         return Delivered(chat, ready, duplicate=chat.order.num_duplicates > duplicates)
@@ -136,17 +141,20 @@ class Connection:
             return Delivered(chat, [])  # it moved here, or the notice is older than this attachment
         message = "this stream was resumed on another connection and goes on there"
         error = wire.Error.of(chat.request_id, ErrorCode.STREAM_MOVED, message)
-        self._outbox.put_nowait(event_frame(chat.chat_id, error))
+        self.send(event_frame(chat.chat_id, error))
         self.close_chat(chat.request_id)
         return Delivered(chat, [error])
 
     async def run_writer(self) -> None:
         """Send queued frames until `close_writer`; a dead sink just ends the loop."""
-        while (frame := await self._outbox.get()) is not None:
+        while (queued := await self._outbox.get()) is not None:
+            frame, queued_at = queued
             try:
                 await self._sink(frame)
             except (WebSocketDisconnect, RuntimeError, OSError):
                 break
+            if self.on_written is not None:
+                self.on_written(time.perf_counter() - queued_at)
         with contextlib.suppress(asyncio.QueueEmpty):
             while True:
                 self._outbox.get_nowait()

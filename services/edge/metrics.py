@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.edge.connection import Delivered
 from shared import wire
+from shared.hop_timing import Hop, HopTimer
 
 # Token latencies live between a few milliseconds and tens of seconds.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -47,6 +48,7 @@ class EdgeMetrics:
             "routed events dropped (malformed, or from a worker that does not run the stream)",
             registry=registry,
         )
+        self.hops = HopTimer(registry, Hop.ADMISSION, Hop.LINK, Hop.SOCKET_WRITE)  # shared/hop_timing.py
 
     def observe(self, delivered: Delivered) -> None:
         if delivered.duplicate:

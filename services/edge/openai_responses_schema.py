@@ -1,10 +1,10 @@
 """OpenAI's Responses API (/v1/responses), text only: the request we accept (as a ChatFrame), and the
-response object and its stream events. Pure functions, no I/O; nothing is stored, so
-`previous_response_id` is refused."""
+response object and its stream events. Pure functions, no I/O; stored_responses.py looks up the
+conversation a `previous_response_id` continues and stores each finished one."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -23,7 +23,13 @@ from services.edge.openai_text_events import (
     check_model,
     unsupported,
 )
-from services.edge.protocol import ChatFrame, ChatMessage, DoneFrame, UsageBody
+from services.edge.protocol import (
+    ChatFrame,
+    ChatMessage,
+    DoneFrame,
+    LogprobBody,
+    UsageBody,
+)
 from shared import wire
 from shared.codes import FinishReason
 
@@ -75,13 +81,13 @@ class ResponsesRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     metadata: dict[str, str] | None = None
-    store: bool | None = None  # nothing is stored either way; the response says `store: false`
+    store: bool | None = None  # absent or true: the answer is kept, for a later `previous_response_id`
+    previous_response_id: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | None = None
     service_tier: str | None = None
     parallel_tool_calls: bool | None = None
     text: TextOptions | None = None
     truncation: str | None = None
     # Accepted only at their neutral value (see NEUTRAL).
-    previous_response_id: str | None = None
     conversation: Any = None
     tools: list[Any] | None = None
     tool_choice: Any = None
@@ -94,8 +100,7 @@ class ResponsesRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 NEUTRAL: dict[str, Callable[[Any], bool]] = {
-    "previous_response_id": lambda v: v is None,  # stored conversations: we keep none
-    "conversation": lambda v: v is None,
+    "conversation": lambda v: v is None,  # OpenAI's conversation objects: continue with previous_response_id
     "tools": lambda v: not v,
     "tool_choice": lambda v: v in (None, "none", "auto"),  # with no tools, "auto" calls none
     "reasoning": lambda v: v is None or (isinstance(v, dict) and not any(v.values())),  # {"effort": null}
@@ -107,24 +112,39 @@ NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "truncation": lambda v: v in (None, "disabled"),
     "text": lambda v: v is None or ((v.format is None or v.format.type == "text") and v.verbosity in (None, "medium")),
 }
-_WHY = {
-    "previous_response_id": "is not supported by this server: no response is stored; send the conversation as `input`"
-}
 
 
-def parse_responses_request(body: bytes, served_model: str, chat_id: str, head: CompletionHeader) -> ParsedText:
-    """The body as a chat frame; ApiError (400) when we cannot honour it."""
+def decode_responses_request(body: bytes, served_model: str) -> ResponsesRequest:
+    """The body as a request we can honour; ApiError (400) when it is not one."""
     request = decode_body(_decoder, body)
     for name, is_neutral in NEUTRAL.items():
         if not is_neutral(getattr(request, name)):
-            raise unsupported(name, _WHY.get(name, "is not supported by this server"))
+            raise unsupported(name)
     check_model(request.model, served_model)
     if request.stream_options is not None and not request.stream:
         raise ApiError(
             400, "`stream_options` is only allowed when `stream` is true", code="invalid_value", param="stream_options"
         )
+    return request
+
+
+def input_messages(request: ResponsesRequest) -> list[ChatMessage]:
+    """This request's own input items as turns (the instructions are not among them)."""
     items = [InputMessage("user", request.input)] if isinstance(request.input, str) else request.input
-    messages = [m.as_chat_message() for m in items]
+    return [m.as_chat_message() for m in items]
+
+
+def parse_responses_request(body: bytes, served_model: str, chat_id: str, head: CompletionHeader) -> ParsedText:
+    """The body as a chat frame, with no earlier conversation; ApiError (400) when we cannot honour it."""
+    return responses_text(decode_responses_request(body, served_model), chat_id, head)
+
+
+def responses_text(
+    request: ResponsesRequest, chat_id: str, head: CompletionHeader, history: Sequence[ChatMessage] = ()
+) -> ParsedText:
+    """The request as a chat frame: its instructions, then `history` (the stored conversation its
+    `previous_response_id` continues), then its input."""
+    messages = [*history, *input_messages(request)]
     if request.instructions:
         messages.insert(0, ChatMessage(role="system", content=request.instructions))
     temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
@@ -137,6 +157,7 @@ def parse_responses_request(body: bytes, served_model: str, chat_id: str, head: 
     echoed = {
         "instructions": request.instructions, "max_output_tokens": request.max_output_tokens,
         "temperature": temperature, "top_p": top_p, "user": request.user, "metadata": request.metadata or {},
+        "store": request.store is not False, "previous_response_id": request.previous_response_id,
     }  # fmt: skip
     return ParsedText(frame, bool(request.stream), ResponsesRenderer(head, f"msg_{head.id[5:]}", echoed))
 
@@ -169,8 +190,8 @@ class ResponsesRenderer:
     _seq: int = 0
     _text: list[str] = field(default_factory=list)
 
-    def body(self, text: str, done: DoneFrame) -> dict[str, Any]:
-        return self._response(text, done)
+    def body(self, text: str, done: DoneFrame, logprobs: Sequence[LogprobBody] = ()) -> dict[str, Any]:
+        return self._response(text, done)  # `top_logprobs` is refused: no request here has logprobs
 
     def opening(self) -> list[SseEvent]:
         in_progress = self._response("", None)
@@ -182,7 +203,7 @@ class ResponsesRenderer:
             self._event("response.content_part.added", **self._at(), part=self._part("")),
         ]
 
-    def token(self, text: str) -> list[SseEvent]:
+    def token(self, text: str, logprobs: Sequence[LogprobBody] = ()) -> list[SseEvent]:
         self._text.append(text)
         return [self._event("response.output_text.delta", **self._at(), delta=text, logprobs=[])]
 

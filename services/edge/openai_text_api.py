@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -23,27 +23,34 @@ from services.edge.openai_api import (
     unauthorized,
 )
 from services.edge.openai_completions_schema import parse_completions_request
-from services.edge.openai_responses_schema import parse_responses_request
 from services.edge.openai_schema import ApiError, CompletionHeader, refusal_error
 from services.edge.openai_text_events import ParsedText, encode_events
 from services.edge.protocol import (
     DoneFrame,
     EdgeFrame,
     ErrorFrame,
+    LogprobBody,
     ProtocolError,
     TokenFrame,
 )
 from services.edge.service import EdgeService
+from services.edge.stored_responses import StoredResponses
 from shared.codes import ErrorCode
 
-Parse = Callable[[bytes, str, str, CompletionHeader], ParsedText]
+# (body, served model, chat id, header, tenant) -> the request; ApiError when it cannot be honoured.
+Parse = Callable[[bytes, str, str, CompletionHeader, str], Awaitable[ParsedText]]
 
 
 def text_routes(service: EdgeService) -> list[BaseRoute]:
+    stored = StoredResponses(service.responses)  # previous_response_id: the Redis Cluster, per tenant
     return [
-        Route("/v1/completions", _endpoint(service, "cmpl-", parse_completions_request), methods=["POST"]),
-        Route("/v1/responses", _endpoint(service, "resp_", parse_responses_request), methods=["POST"]),
+        Route("/v1/completions", _endpoint(service, "cmpl-", _completions), methods=["POST"]),
+        Route("/v1/responses", _endpoint(service, "resp_", stored.parse), methods=["POST"]),
     ]
+
+
+async def _completions(body: bytes, model: str, chat_id: str, head: CompletionHeader, tenant: str) -> ParsedText:
+    return parse_completions_request(body, model, chat_id, head)  # nothing stored: the tenant plays no part
 
 
 def _endpoint(service: EdgeService, id_prefix: str, parse: Parse) -> Callable[[Request], object]:
@@ -58,7 +65,7 @@ def _endpoint(service: EdgeService, id_prefix: str, parse: Parse) -> Callable[[R
         head = CompletionHeader(f"{id_prefix}{uuid.uuid4().hex}", int(time.time()), model)
         try:
             body = await read_json_body(request, service.settings.max_frame_bytes)
-            parsed = parse(body, model, head.id, head)
+            parsed = await parse(body, model, head.id, head, tenant)
         except ApiError as exc:
             service.count_refusal(exc.code or "invalid_request", tenant)
             return error_response(exc)
@@ -91,6 +98,10 @@ class TextResponse:
         finally:
             await chat.close()  # also on disconnect: this is what frees the worker's capacity
 
+    async def _finish(self, text: str, done: DoneFrame) -> None:
+        if self._parsed.finished is not None:
+            await self._parsed.finished(text, done)
+
     def _error(self, code: ErrorCode, message: str, retry_after_ms: int | None = None) -> ApiError:
         error = refusal_error(code, message, retry_after_ms)
         if error.param == "messages":  # a prompt too long: name this endpoint's prompt field
@@ -99,12 +110,15 @@ class TextResponse:
 
     async def _collect(self, chat: HttpChat, scope: Scope, receive: Receive, send: Send) -> None:
         pieces: list[str] = []
+        logprobs: list[LogprobBody] = []  # empty unless the request asked for them
         while True:
             for frame in await chat.next_frames():
                 if isinstance(frame, TokenFrame):
                     pieces.append(frame.text)
+                    logprobs.extend(frame.logprobs)
                 elif isinstance(frame, DoneFrame):
-                    body = self._render.body("".join(pieces), frame)
+                    body = self._render.body("".join(pieces), frame, logprobs)
+                    await self._finish("".join(pieces), frame)
                     await json_response(body, chat.request_id)(scope, receive, send)
                     return
                 elif isinstance(frame, ErrorFrame):
@@ -120,13 +134,16 @@ class TextResponse:
         headers = [*SSE_HEADERS, (b"x-request-id", (chat.request_id or "").encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         events = self._render.opening()
+        pieces: list[str] = []
         while True:
             end: EdgeFrame | None = None
             for frame in frames:
                 if isinstance(frame, TokenFrame):
-                    events.extend(self._render.token(frame.text))
+                    pieces.append(frame.text)
+                    events.extend(self._render.token(frame.text, frame.logprobs))
                 elif isinstance(frame, DoneFrame):
                     events.extend(self._render.done(frame))
+                    await self._finish("".join(pieces), frame)
                     end = frame
                 elif isinstance(frame, ErrorFrame):
                     events.extend(self._render.failed(self._error(frame.code, frame.message)))

@@ -6,13 +6,14 @@ Pure, no I/O; `openai_text_api` wires renderers to HTTP.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
 
 from services.edge.openai_schema import ApiError
-from services.edge.protocol import ChatFrame, DoneFrame
+from services.edge.protocol import ChatFrame, DoneFrame, LogprobBody
 
 
 def unsupported(param: str, why: str = "is not supported by this server") -> ApiError:
@@ -52,13 +53,13 @@ class Renderer(Protocol):
 
     prompt_param: str  # what a too-long prompt's error names: the endpoint's prompt field
 
-    def body(self, text: str, done: DoneFrame) -> dict[str, Any]:
-        """The whole response, not streamed."""
+    def body(self, text: str, done: DoneFrame, logprobs: Sequence[LogprobBody] = ()) -> dict[str, Any]:
+        """The whole response, not streamed; `logprobs` those of its tokens, when the request asked."""
 
     def opening(self) -> list[SseEvent]:
         """The events before the first token."""
 
-    def token(self, text: str) -> list[SseEvent]: ...
+    def token(self, text: str, logprobs: Sequence[LogprobBody] = ()) -> list[SseEvent]: ...
 
     def done(self, done: DoneFrame) -> list[SseEvent]:
         """The events that end a stream, its sentinel included."""
@@ -69,8 +70,11 @@ class Renderer(Protocol):
 
 @dataclass(frozen=True)
 class ParsedText:
-    """A request as `EdgeService.start_chat` admits it, and how its answer is written."""
+    """A request as `EdgeService.start_chat` admits it, and how its answer is written; `finished`, when set,
+    is awaited with the whole answer's text before its last body or event goes out (a stored response is
+    then already readable when the client sees it end)."""
 
     frame: ChatFrame
     stream: bool
     renderer: Renderer
+    finished: Callable[[str, DoneFrame], Awaitable[None]] | None = None

@@ -17,6 +17,7 @@ from services.edge.structured_request import (
     ToolCallFrame,
     ToolChoice,
     ToolSpec,
+    wire_messages,
 )
 from shared import wire
 from shared.codes import ErrorCode, FinishReason
@@ -71,8 +72,8 @@ class ChatFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return wire.Controls(**{name: getattr(self, name) for name in wire.Controls.__struct_fields__})
 
     def prompt_input(self) -> PromptInput:
-        """What the model computes from: the messages, or the raw prompt."""
-        return RawPrompt.of(self.prompt) if self.prompt is not None else self.messages
+        """What the model computes from: the messages (as the wire carries them, calls and all), or the raw prompt."""
+        return RawPrompt.of(self.prompt) if self.prompt is not None else wire_messages(self.messages)
 
 
 class CancelFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -164,10 +165,14 @@ class UsageBody(msgspec.Struct, frozen=True):
     completion_tokens: int
 
 
-class DoneFrame(msgspec.Struct, frozen=True, tag_field="type", tag="done"):
+class DoneFrame(msgspec.Struct, frozen=True, tag_field="type", tag="done", omit_defaults=True):
     id: str
     finish_reason: FinishReason
     usage: UsageBody
+    # Only for a chat whose reply is read for tool calls (tools given, tool_choice not "none"; see
+    # tool_replies.py): its calls, as an assistant message takes them back, and its text around them.
+    tool_calls: list[ToolCallFrame] | None = None
+    content: str | None = None
 
 
 class ErrorFrame(msgspec.Struct, frozen=True, tag_field="type", tag="error", omit_defaults=True):

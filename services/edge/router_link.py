@@ -18,6 +18,7 @@ from prometheus_client import Counter
 
 from shared import wire
 from shared.framing import accept_router, read_frame
+from shared.hop_timing import Hop, HopTimer
 from shared.link_auth import LinkKeys
 from shared.rate_limits import LogThrottle, Rate, held_back
 
@@ -42,12 +43,18 @@ class RefusalLog:
 
 class RouterLinkServer:
     def __init__(
-        self, keys: LinkKeys, edge_id: str, deliver: Callable[[list[wire.Delivery]], None], refused: RefusalLog
+        self,
+        keys: LinkKeys,
+        edge_id: str,
+        deliver: Callable[[list[wire.Delivery]], None],
+        refused: RefusalLog,
+        hops: HopTimer | None = None,
     ) -> None:
         self._keys = keys
         self._edge_id = edge_id
         self._deliver = deliver
         self._refused = refused
+        self._hops = hops  # times each frame from the router's write to its events queued here
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One router's persistent link: the handshake, then frames of deliveries until it closes.
@@ -63,6 +70,8 @@ class RouterLinkServer:
                     self._refused("router %s sent a malformed frame: %s", router_id, exc)
                     continue
                 self._deliver(batch.deliveries)
+                if self._hops is not None and batch.sent_at:
+                    self._hops.observe(Hop.LINK, time.time() - batch.sent_at)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the router went away
         except (ValueError, TimeoutError) as exc:  # LinkRefused, FrameTooLarge, no handshake in time

@@ -40,14 +40,20 @@ from services.edge.protocol import (
     ResumeFrame,
     parse_client_frame,
 )
+from services.edge.response_store import ResponseStore
 from services.edge.router_link import RefusalLog, RouterLinkServer
 from services.edge.settings import EdgeSettings
-from services.edge.structured_request import structured_fields, wire_messages
+from services.edge.structured_request import (
+    parses_tool_calls,
+    structured_fields,
+    wire_messages,
+)
 from services.edge.tenancy import FleetLoad, NoFleet, TenantGate
 from services.edge.tenant_directory import TenantDirectory
 from shared import wire
 from shared.codes import ErrorCode
 from shared.health import Health
+from shared.hop_timing import SOCKET_WRITE_SAMPLE, EveryNth, Hop
 from shared.link_auth import LinkKeys
 from shared.metering.publisher import UsagePublisher
 from shared.metering.records import UsageContext
@@ -97,7 +103,7 @@ class EdgeService:
         self._seal = Seal(settings.fleet_secret, settings.edge_id)
         self._refused_event = RefusalLog(self.metrics.link_refusals)
         self.router_links = RouterLinkServer(
-            LinkKeys(settings.fleet_secret), settings.edge_id, self.deliver, self._refused_event
+            LinkKeys(settings.fleet_secret), settings.edge_id, self.deliver, self._refused_event, self.metrics.hops
         )
         self._routes = RoutingMap(redis)
         self._prompt_limit = prompt_limit
@@ -105,6 +111,7 @@ class EdgeService:
         self.meter = EdgeMeter(usage, settings.edge_id)  # metering.py: usage of streams whose worker died
         # Tenancy: admission by tier against the fleet's load, and each tenant's limits and slots.
         self.tenancy = TenantGate(settings.tenancy, redis, self.tenants, fleet_load)
+        self.responses = ResponseStore(redis, settings.responses_ttl_s)  # /v1/responses' previous_response_id
         # Placement: the worker (a requests partition it owns) each chat goes to (placer.py).
         placement = settings.placement
         index = KVIndex(placement.index_blocks_per_worker)
@@ -113,6 +120,7 @@ class EdgeService:
         )
         self._deadlines = Deadlines(settings.progress_timeout_s, settings.start_timeout_s)
         self._connections: dict[str, Connection] = {}
+        self._socket_writes = EveryNth(self.metrics.hops, Hop.SOCKET_WRITE, SOCKET_WRITE_SAMPLE)  # every connection's
         self._detached: dict[str, tuple[float, int]] = {}  # request id -> (cancel at, epoch)
         self._background: set[asyncio.Task] = set()
         self.draining = False
@@ -120,6 +128,7 @@ class EdgeService:
     # Client side ---------------------------------------------------------------------
     def open_connection(self, conn: Connection) -> None:
         self._connections[conn.conn_id] = conn
+        conn.on_written = self._socket_writes
 
     async def close_connection(self, conn: Connection, grace: bool = True) -> None:
         """The client is gone; its unfinished streams are cancelled, after a grace period to resume."""
@@ -183,12 +192,13 @@ class EdgeService:
         `unavailable` (retryable) only ever means Redis or Kafka failed; a route already
         written for a chat that then fails is removed again.
         """
+        received = time.perf_counter()
         self._check_new_chat(conn, frame.id)
         try:
             structured = structured_fields(frame)  # a grammar that cannot compile never reaches a worker
         except InvalidGrammar as exc:
             raise ProtocolError(ErrorCode.INVALID_SCHEMA, str(exc), frame.id) from exc
-        prompt_tokens, reason = self._prompt_limit.measure(frame.prompt_input())
+        prompt_tokens, reason = self._prompt_limit.measure(frame.prompt_input(), structured["tools"])  # listing too
         if reason is not None:
             raise ProtocolError(ErrorCode.PROMPT_TOO_LONG, reason, frame.id)
         # The default stays valid on a model whose context is shorter: the worker stops at the context.
@@ -218,7 +228,7 @@ class EdgeService:
             prompt=frame.prompt,  # a raw prompt (a completion's): fed to the model without the chat template
         )
         payload = self._seal.encode(self.topics.requests, request)  # the frame's ranges are the wire's, so this cannot fail
-        conn.open_chat(frame.id, request_id)
+        conn.open_chat(frame.id, request_id, reads_tools=parses_tool_calls(frame))  # done carries the calls
         self.meter.admitted(request_id, UsageContext.of(request))
         routed = False
         try:
@@ -228,7 +238,9 @@ class EdgeService:
             conn.send(AcceptedFrame(frame.id, request_id, resume_token))
             placed = self.placer.place(request_id, conn.tenant, frame.prompt_input(), frame.conversation)
             partition = placed[1] if placed else None  # None: the key's default partition
-            await self._producer.send_and_wait(self.topics.requests, payload, key=request_id.encode(), partition=partition)
+            delivery = await self._producer.send(self.topics.requests, payload, key=request_id.encode(), partition=partition)
+            self.metrics.hops.observe(Hop.ADMISSION, time.perf_counter() - received)  # the record's CreateTime is now
+            await delivery
             self.metrics.chats.labels(self.tier_of(conn.tenant)).inc()
         except (RedisError, KafkaError, OSError) as exc:
             log.warning("could not admit chat %s: %r", request_id, exc)

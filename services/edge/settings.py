@@ -77,5 +77,7 @@ class EdgeSettings(ServiceSettings, ServedModel):
     """a chat no worker starts within this fails with no_worker"""
     resume_grace_s: float = 10.0
     """how long a dropped socket's streams wait to be resumed before the workers are told to cancel them"""
+    responses_ttl_s: Annotated[float, Field(gt=0)] = 3600.0
+    """how long a finished /v1/responses answer stays in the Redis Cluster for a later `previous_response_id` (unless the request said `store: false`)"""
     drain_timeout_s: float = 25.0
     """on SIGTERM, how long streams in flight may take to finish before every socket is closed as going away (1001); longer than the workers' drain_timeout_s, so their last words arrive"""

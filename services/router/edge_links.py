@@ -22,13 +22,15 @@ class EdgeUnreachable(ConnectionError):
     pass
 
 
-def forward_frames(deliveries: list[wire.Delivery], max_bytes: int = MAX_FRAME_BYTES - MAC_BYTES) -> list[bytes]:
+def forward_frames(
+    deliveries: list[wire.Delivery], max_bytes: int = MAX_FRAME_BYTES - MAC_BYTES, sent_at: float = 0.0
+) -> list[bytes]:
     """The deliveries as ForwardBatch frames, in order, each within the link's frame limit."""
-    payload = wire.encode(wire.ForwardBatch(deliveries))
+    payload = wire.encode(wire.ForwardBatch(deliveries, sent_at=sent_at))
     if len(payload) <= max_bytes or len(deliveries) <= 1:
         return [payload]  # one delivery never outgrows a frame: a token batch record is far smaller
     half = len(deliveries) // 2
-    return forward_frames(deliveries[:half], max_bytes) + forward_frames(deliveries[half:], max_bytes)
+    return forward_frames(deliveries[:half], max_bytes, sent_at) + forward_frames(deliveries[half:], max_bytes, sent_at)
 
 
 class EdgeLink:

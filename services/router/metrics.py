@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
 
+from shared.hop_timing import Hop, HopTimer
+
 
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -21,3 +23,4 @@ class RouterMetrics:
             "drivetrain_router_usage_tokens_total", "Tokens counted into tenants' usage, by kind: prompt (computed), cached, completion",
             ["kind"], registry=registry,
         )
+        self.hops = HopTimer(registry, Hop.TOKEN_KAFKA, Hop.ROUTE)  # shared/hop_timing.py

@@ -16,6 +16,7 @@ from services.worker.engine.types import (
     EngineRequest,
     FailureCode,
     FinishReason,
+    Logprob,
     RequestRejected,
     StartListener,
     Usage,
@@ -23,13 +24,29 @@ from services.worker.engine.types import (
 from shared.models.echo import CONTEXT_PIECES, count_prompt_pieces, reply_pieces
 
 
+def next_step_end(last_end: float, now: float, delay_s: float, stepping: bool) -> float:
+    """When a step started at `now` ends. Steps keep to a fixed pace, like a model whose step takes
+    `delay_s` with nothing between steps: while streams run, each step ends one delay after the
+    last, the time spent around steps absorbed (added on top, it would push every later token of
+    every stream back, step after step). The first step after an idle spell, or after a stall
+    longer than a step, takes a whole delay from now."""
+    due = last_end + delay_s
+    return due if stepping and due > now else now + delay_s
+
+
 @dataclass
 class _EchoStream:
     pieces: list[str]
     prompt_pieces: int
     max_tokens: int
+    logprobs: int | None = None  # asked for: each piece is certain (logprob 0), its only likely alternative itself
     sent: int = 0
     started: bool = False
+
+    def logprobs_of(self, piece: str) -> tuple[Logprob, ...]:
+        if self.logprobs is None or not piece:
+            return ()
+        return (Logprob(piece, 0.0, ((piece, 0.0),) if self.logprobs else ()),)
 
     def usage(self) -> Usage:
         return Usage(prompt_tokens=self.prompt_pieces, cached_tokens=0, completion_tokens=self.sent)
@@ -44,6 +61,7 @@ class EchoEngine:
         self.max_running = max_running  # 0: every request runs at once
         self._crash_on = crash_on  # fault tests: a "poison" message that kills the process
         self._next_step_at = 0.0
+        self._stepping = False  # the last step left streams running: the next one keeps its pace
         self._streams: dict[str, _EchoStream] = {}
         self._steps = 0
         self.start_listener: StartListener | None = None
@@ -51,12 +69,14 @@ class EchoEngine:
 
     def add_request(self, request: EngineRequest) -> None:
         prompt = request.prompt if request.prompt is not None else request.messages
-        prompt_pieces = count_prompt_pieces(prompt)
+        prompt_pieces = count_prompt_pieces(prompt, request.tools)  # as the edge counted it
         if prompt_pieces > self.context:
             raise RequestRejected(
                 FailureCode.PROMPT_TOO_LONG, f"prompt has {prompt_pieces} pieces; the context holds {self.context}"
             )
-        self._streams[request.request_id] = _EchoStream(reply_pieces(prompt), prompt_pieces, request.sampling.max_tokens)
+        self._streams[request.request_id] = _EchoStream(
+            reply_pieces(prompt), prompt_pieces, request.sampling.max_tokens, request.sampling.logprobs
+        )
 
     def abort_request(self, request_id: str) -> EngineOutput | None:
         stream = self._streams.pop(request_id, None)
@@ -66,10 +86,8 @@ class EchoEngine:
 
     def step(self) -> list[EngineOutput]:
         if self.delay_s:
-            # Steps keep to a fixed pace, like a model whose step takes `delay_ms`:
-            # the time spent around a step is absorbed, not added on top.
             now = time.perf_counter()
-            self._next_step_at = max(now, self._next_step_at) + self.delay_s
+            self._next_step_at = next_step_end(self._next_step_at, now, self.delay_s, self._stepping)
             time.sleep(self._next_step_at - now)
         self._steps += 1
         self._announce_starts()
@@ -84,11 +102,13 @@ class EchoEngine:
                     finish = FinishReason.STOP
                 elif stream.sent >= stream.max_tokens:
                     finish = FinishReason.LENGTH
+            logprobs = stream.logprobs_of(text)
             if finish is None:
-                outputs.append(EngineOutput(request_id, text))
+                outputs.append(EngineOutput(request_id, text, logprobs=logprobs))
             else:
                 del self._streams[request_id]
-                outputs.append(EngineOutput(request_id, text, finish_reason=finish, usage=stream.usage()))
+                outputs.append(EngineOutput(request_id, text, finish_reason=finish, usage=stream.usage(), logprobs=logprobs))
+        self._stepping = bool(self._streams)
         return outputs
 
     def _running(self) -> list[tuple[str, _EchoStream]]:

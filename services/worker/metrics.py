@@ -9,11 +9,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from services.worker.engine.types import EngineLoad
+from shared.hop_timing import Hop, HopTimer
 
 # EngineLoad field -> (metric name, help); gauges are read as they are, counters only grow.
 LOAD_GAUGES = {
     "running": ("drivetrain_worker_running_requests", "Requests the engine is computing"),
     "waiting": ("drivetrain_worker_waiting_requests", "Requests queued in the engine"),
+    # The autoscaler's signal (compose/k8s/autoscaling): work queued, in tokens rather than requests.
+    "waiting_tokens": ("drivetrain_worker_waiting_tokens", "Tokens still to compute of the requests queued in the engine"),
     "kv_usage": ("drivetrain_worker_kv_cache_usage_ratio", "Share of KV cache blocks in use"),
     "free_kv_blocks": ("drivetrain_worker_kv_free_blocks", "KV cache blocks free"),
     "prefix_hit_rate": ("drivetrain_worker_prefix_cache_hit_ratio", "Prompt tokens served from the prefix cache"),
@@ -50,3 +53,4 @@ class WorkerMetrics:
         self.usage_records = Counter(
             "drivetrain_worker_usage_records_total", "Usage records of ended streams, by outcome: sent, lost", ["outcome"], registry=registry
         )
+        self.hops = HopTimer(registry, Hop.REQUEST_KAFKA, Hop.WORKER_START)  # shared/hop_timing.py

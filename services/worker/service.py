@@ -48,6 +48,7 @@ from shared import wire
 from shared.codes import ErrorCode
 from shared.fleet_membership import is_alive
 from shared.health import Health, Lifecycle
+from shared.hop_timing import Hop, produced_at
 from shared.kafka_clients import DeadLetters, make_consumer, make_producer
 from shared.membership import Membership
 from shared.metering.publisher import UsagePublisher
@@ -61,6 +62,7 @@ from shared.status_server import status_endpoint
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 100
+COMMIT_PERIOD_S = 0.1
 CANCELLED_MEMORY_S = 600  # a cancel may overtake its request; remember it this long
 START_RECORD_TIMEOUT_S = 5.0
 EDGE_LOSS_GRACE_S = 1.0
@@ -220,27 +222,45 @@ class WorkerService:
 
     # Requests -----------------------------------------------------------------------------
     async def _consume_requests(self, consumer: AIOKafkaConsumer, stopping: asyncio.Event) -> None:
-        while not stopping.is_set():
-            batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=self.settings.max_poll_records)
-            chats: list[tuple[TopicPartition, int, wire.ChatRequest]] = []
-            for tp, records in batches.items():
-                for record in records:
-                    try:
-                        _, chat = self._seal.decode(record.topic, record.value, wire.ChatRequest)
-                        chats.append((tp, record.offset, chat))
-                    except wire.WireError as exc:
-                        await self._dead_letter(record, str(exc))
-                        self.offsets.add(tp, record.offset, None)
-            owners = await self._owners([chat.request_id for _, _, chat in chats])
-            for tp, offset, chat in chats:
-                self.offsets.add(tp, offset, await self._accept(chat, owners.get(chat.request_id)))
+        committer = asyncio.create_task(self._commit_started(consumer))
+        try:
+            await self._consume_until(consumer, stopping)
+        finally:
+            committer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await committer
+
+    async def _commit_started(self, consumer: AIOKafkaConsumer) -> None:
+        """Commit the offsets of started requests off the consuming loop: a commit is a broker
+        round trip (aiokafka#128: at times far longer), and the next poll's requests must not wait
+        behind it. What it has not committed yet, a redelivery finds claimed (see `_accept`)."""
+        while True:
+            await asyncio.sleep(COMMIT_PERIOD_S)
             if moves := self.offsets.committable():
                 try:
                     await consumer.commit(moves)
                 except KafkaError as exc:  # the broker is away, or a rebalance took the partitions
                     log.warning("commit failed (a later one covers these offsets): %r", exc)
 
-    async def _accept(self, chat: wire.ChatRequest, owner: str | None) -> str | None:
+    async def _consume_until(self, consumer: AIOKafkaConsumer, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=self.settings.max_poll_records)
+            polled = time.time()
+            chats: list[tuple[TopicPartition, int, wire.ChatRequest]] = []
+            for tp, records in batches.items():
+                for record in records:
+                    try:
+                        _, chat = self._seal.decode(record.topic, record.value, wire.ChatRequest)
+                        chats.append((tp, record.offset, chat))
+                        self.metrics.hops.observe(Hop.REQUEST_KAFKA, polled - produced_at(record))
+                    except wire.WireError as exc:
+                        await self._dead_letter(record, str(exc))
+                        self.offsets.add(tp, record.offset, None)
+            owners = await self._owners([chat.request_id for _, _, chat in chats])
+            for tp, offset, chat in chats:
+                self.offsets.add(tp, offset, await self._accept(chat, owners.get(chat.request_id), polled))
+
+    async def _accept(self, chat: wire.ChatRequest, owner: str | None, consumed_at: float = 0.0) -> str | None:
         """Hand the request to the engine; its id if its start is still to come, else None."""
         if chat.request_id in self._streams.active:
             return None  # delivered twice after a rebalance: ours already
@@ -252,7 +272,8 @@ class WorkerService:
             if not self._is_alive(owner):
                 await self._quarantine(chat, owner)
             return None
-        self._streams.open(chat.request_id, chat.edge_id).usage = UsageContext.of(chat)
+        stream = self._streams.open(chat.request_id, chat.edge_id)
+        stream.usage, stream.consumed_at = UsageContext.of(chat), consumed_at
         try:
             request = engine_request(chat)
         except ValueError as exc:  # the wire schema holds the same limits: only a skewed peer gets here
@@ -381,13 +402,17 @@ class WorkerService:
     async def _publish_outputs(self) -> None:
         while True:
             outputs = await self._outbox.get()
+            now = time.time()
             by_edge: dict[str, list[wire.Event]] = defaultdict(list)
             epochs: dict[str, dict[str, int]] = defaultdict(dict)
             for output in outputs:
                 stream = self._streams.active.get(output.request_id)
                 if stream is None:
                     continue  # dropped or finished: nothing more may be said about it
+                first = stream.next_seq == 0
                 by_edge[stream.edge_id].extend(stream.events_for(output))
+                if first and stream.next_seq and stream.consumed_at:
+                    self.metrics.hops.observe(Hop.WORKER_START, now - stream.consumed_at)
                 if stream.epoch:
                     epochs[stream.edge_id][stream.request_id] = stream.epoch
                 if output.finished:

@@ -34,7 +34,7 @@ class WorkerSettings(ServiceSettings, ServedModel):
     worker_id: str = ""
     """unique name of this worker; empty: worker-HOST-PID-RANDOM. Never reuse a dead worker's name"""
     device: str = "auto"
-    """cpu | cuda | auto (CUDA when available); weights are bf16 on a GPU, float32 on a CPU"""
+    """cpu | cuda | auto (CUDA when available); the weights' dtype is engine.dtype"""
     token_shards: int = 4
     """token messages per step per edge, keyed apart so routers share a busy edge"""
     max_poll_records: int = 256

@@ -24,6 +24,7 @@ class Stream:
     next_seq: int = 0
     log: list[wire.Event] = field(default_factory=list)
     usage: UsageContext | None = None  # who is billed for it, once it has reached the engine
+    consumed_at: float = 0.0  # when its request was taken from Kafka (unix seconds): times the start
 
     def events_for(self, output: EngineOutput) -> list[wire.Event]:
         """The output as the next seq-numbered events, kept for a replay."""

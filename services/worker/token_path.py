@@ -44,15 +44,25 @@ class TokenPublisher:
         self._lost_log = LogThrottle(LOST_LOG_RATE, time.monotonic())
 
     async def send(self, edge_id: str, events: list[wire.Event], epochs: dict[str, int], wait: bool = False) -> bool:
-        """One message per (edge, shard); see token_shards.py. False when some were lost (and reported)."""
+        """One message per (edge, shard); see token_shards.py. False when some were lost (and reported).
+        `wait`: return once Kafka has them all; every shard is queued first, so that is one round
+        trip, not one per shard."""
         intact = True
+        waiting: list[tuple[asyncio.Future, wire.TokenBatch]] = []
         for key, batch in token_batches(edge_id, self._worker_id, events, epochs, self._shards, time.time()):
             try:
                 delivery = await self._producer.send(self._topic, self._seal.encode(self._topic, batch), key=key)
-                if wait:
-                    await delivery
-                else:
-                    delivery.add_done_callback(lambda done, batch=batch: self._delivered(done, batch))
+            except KafkaError as exc:
+                intact = False
+                self._lost(batch, exc)
+                continue
+            if wait:
+                waiting.append((delivery, batch))
+            else:
+                delivery.add_done_callback(lambda done, batch=batch: self._delivered(done, batch))
+        for delivery, batch in waiting:
+            try:
+                await delivery
             except KafkaError as exc:
                 intact = False
                 self._lost(batch, exc)

@@ -25,6 +25,8 @@ from shared.settings import SettingsError, from_arguments, from_environment
 from shared.settings import add_arguments as add_settings_arguments
 from shared.topics import TopicLayout
 
+log = logging.getLogger(__name__)
+
 COMPONENTS = ("kafka", "redis")
 Report = Callable[[str], None]
 
@@ -96,6 +98,20 @@ def fresh_topics(tag: str, partitions: int = 4) -> TopicLayout:
     layout = TopicLayout(prefix=f"{tag}-{uuid.uuid4().hex[:8]}", requests_partitions=partitions, tokens_partitions=partitions)
     create_topics(ensure_up(), layout)
     return layout
+
+
+def drop_topics(layout: TopicLayout) -> None:
+    """Delete fresh topics once their fleet is gone: a long-lived local broker would otherwise
+    keep every test's and benchmark's, and load them all at each start."""
+
+    async def drop() -> None:
+        async with kafka.open_admin(from_environment(InfraSettings)) as admin:
+            await admin.delete_topics(list(layout.partitions()))
+
+    try:
+        run_sync(drop)
+    except Exception as exc:  # noqa: BLE001 - cleanup only: a broker that is gone keeps them, harmlessly
+        log.warning("could not delete topics %s.*: %s", layout.prefix, exc)
 
 
 def down(cfg: InfraSettings, only: tuple[str, ...], purge: bool, report: Report = _print) -> None:

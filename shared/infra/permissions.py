@@ -104,7 +104,7 @@ _CLIENT_COMMANDS = "+auth +hello +ping +readonly +command +cluster|slots +cluste
 
 # Each role's data commands and key patterns (shared/routing_map.py); %R~ read-only, %W~ write-only.
 _REDIS_RULES = {
-    Role.EDGE: "~route:* +hset +expire +hmget +hincrby +del",
+    Role.EDGE: "~route:* ~response:* +hset +expire +hmget +hincrby +del +get +set",  # response: response_store.py
     Role.WORKER: "%R~claim:* +get",
     Role.ROUTER: "%R~route:* %W~claim:* ~usage:* +hmget +set +eval +hincrby +expire +sadd",  # usage: ledger.py
 }

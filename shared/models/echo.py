@@ -7,10 +7,11 @@ to it exactly; prompts are counted in pieces, as a real model counts tokens.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from shared.models.raw_prompt import PromptInput, RawPrompt
 from shared.models.tokenizer import ChatTurn
+from shared.models.tool_calls import FunctionTool, hermes_messages
 
 ECHO = "echo"
 CONTEXT_PIECES = 8192
@@ -22,9 +23,13 @@ def split_pieces(text: str) -> list[str]:
     return pieces or ([text] if text else [])
 
 
-def count_prompt_pieces(prompt: PromptInput) -> int:
+def count_prompt_pieces(prompt: PromptInput, tools: Sequence[FunctionTool] = ()) -> int:
+    """A prompt's pieces; with tools, those of the turns as the Hermes format writes them (the
+    listing in the system prompt, calls and results as text), as a real model's prompt holds them."""
     if isinstance(prompt, RawPrompt):
         return len(raw_pieces(prompt))
+    if tools:
+        return sum(len(split_pieces(m["content"])) for m in hermes_messages(prompt, tools))
     return sum(len(split_pieces(m.content)) for m in prompt)
 
 

@@ -1,31 +1,42 @@
-"""Counts a chat's prompt (messages, or a raw prompt) the way the served model will, so an oversized one is
-refused before it is queued."""
+"""Counts a chat's prompt (messages with the tools they offer, or a raw prompt) the way the served model
+will, so an oversized one is refused before it is queued."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
+from shared.models.chat_prompt import chat_prompt_ids
 from shared.models.echo import count_prompt_pieces
 from shared.models.raw_prompt import PromptInput, RawPrompt
 from shared.models.spec import ModelSpec
-from shared.models.tokenizer import Tokenizer, template_messages
+from shared.models.tokenizer import Tokenizer
+from shared.models.tool_calls import FunctionTool
 
-PromptTokens = Callable[[PromptInput], list[int]]
+
+class PromptTokens(Protocol):
+    """The token ids of a prompt; `tools` are listed in a chat's prompt (a raw prompt has none)."""
+
+    def __call__(self, prompt: PromptInput, tools: Sequence[FunctionTool] = ()) -> list[int]: ...
+
+
+class PromptCount(Protocol):
+    def __call__(self, prompt: PromptInput, tools: Sequence[FunctionTool] = ()) -> int: ...
 
 
 @dataclass(frozen=True)
 class PromptLimit:
-    count: Callable[[PromptInput], int]
+    count: PromptCount
     context: int
 
-    def excess(self, messages: PromptInput) -> str | None:
+    def excess(self, messages: PromptInput, tools: Sequence[FunctionTool] = ()) -> str | None:
         """None if the prompt fits the model's context, else why it does not."""
-        return self.measure(messages)[1]
+        return self.measure(messages, tools)[1]
 
-    def measure(self, messages: PromptInput) -> tuple[int, str | None]:
-        """The prompt's length, and why it does not fit the model's context (None if it does)."""
-        length = self.count(messages)
+    def measure(self, messages: PromptInput, tools: Sequence[FunctionTool] = ()) -> tuple[int, str | None]:
+        """The prompt's length, tool listing included, and why it does not fit the model's context (None if it does)."""
+        length = self.count(messages, tools)
         if length > self.context:
             return length, f"prompt is {length} tokens; the model's context holds {self.context}"
         return length, None
@@ -38,10 +49,10 @@ def prompt_tokens(spec: ModelSpec) -> PromptTokens | None:
         return None
     tokenizer = Tokenizer.from_folder(spec.tokenizer_folder)
 
-    def tokens(prompt: PromptInput) -> list[int]:
-        if isinstance(prompt, RawPrompt):
+    def tokens(prompt: PromptInput, tools: Sequence[FunctionTool] = ()) -> list[int]:
+        if isinstance(prompt, RawPrompt):  # fed as it is: no template, so no tool listing either
             return tokenizer.encode(prompt.text) if prompt.text is not None else list(prompt.token_ids or ())
-        return tokenizer.apply_chat_template(template_messages(prompt))
+        return chat_prompt_ids(tokenizer, prompt, tools)  # type: ignore[arg-type]  # turns as the wire carries them
 
     return tokens
 
@@ -52,4 +63,9 @@ def prompt_limit(spec: ModelSpec, tokens: PromptTokens | None = None) -> PromptL
     if spec.is_echo:
         return PromptLimit(count_prompt_pieces, spec.max_model_len)
     count = tokens or prompt_tokens(spec)
-    return PromptLimit(lambda messages: len(count(messages)), spec.max_model_len)
+    assert count is not None  # not the echo model
+
+    def length(prompt: PromptInput, tools: Sequence[FunctionTool] = ()) -> int:
+        return len(count(prompt, tools))
+
+    return PromptLimit(length, spec.max_model_len)

@@ -10,7 +10,7 @@ import pytest
 
 from services.launcher.fleet import Fleet
 from shared.chat_client import ChatResult, ChatSocket
-from shared.infra.command import fresh_topics
+from shared.infra.command import drop_topics, fresh_topics
 from shared.topics import TopicLayout
 from tests.conftest import start_fleet
 
@@ -19,8 +19,10 @@ TEXT = " ".join(f"w{i}" for i in range(WORDS))
 
 
 @pytest.fixture
-def topics(infra) -> TopicLayout:
-    return fresh_topics("test")
+def topics(infra) -> Iterator[TopicLayout]:
+    layout = fresh_topics("test")
+    yield layout
+    drop_topics(layout)
 
 
 @pytest.fixture

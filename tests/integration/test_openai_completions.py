@@ -129,14 +129,14 @@ class TestEchoFleet:
     @pytest.mark.parametrize(
         ("path", "body", "code", "param"),
         [
-            ("/completions", {"prompt": "x", "logprobs": 1}, "unsupported_parameter", "logprobs"),
+            ("/completions", {"prompt": "x", "logprobs": 6}, "invalid_value", "logprobs"),
             ("/completions", {"prompt": "x", "n": 2}, "unsupported_parameter", "n"),
             ("/completions", {"prompt": "x", "bogus": 1}, "unknown_parameter", "bogus"),
             ("/completions", {"prompt": ""}, "invalid_value", "prompt"),
             ("/completions", {"prompt": ["a", "b"]}, "unsupported_parameter", "prompt"),
             ("/completions", {"prompt": "x", "max_tokens": 0}, "invalid_value", "max_tokens"),
             ("/completions", {"prompt": "w " * (CONTEXT_PIECES + 1)}, "context_length_exceeded", "prompt"),
-            ("/responses", {"input": "x", "previous_response_id": "resp_1"}, "unsupported_parameter",
+            ("/responses", {"input": "x", "previous_response_id": "resp_1"}, "previous_response_not_found",
              "previous_response_id"),
             ("/responses", {"input": "x", "messages": []}, "unknown_parameter", "messages"),
             ("/responses", {"input": [{"role": "tool", "content": "x"}]}, "invalid_value", "input[0].role"),
@@ -156,7 +156,7 @@ class TestEchoFleet:
 
     async def test_the_client_raises_on_a_refused_parameter(self, client):
         with pytest.raises(openai.BadRequestError) as caught:
-            await client.completions.create(model="echo", prompt="x", logprobs=2)
+            await client.completions.create(model="echo", prompt="x", logprobs=2, echo=True)
         assert caught.value.body["param"] == "logprobs"
 
     async def test_the_websocket_protocol_takes_a_raw_prompt(self, echo_fleet):

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_attention import CpuAttentionPlan, paged_attention_cpu, write_kv_cpu
 from kernels.decode_attention import (
     paged_decode_attention,
     paged_decode_attention_ref,
@@ -299,3 +300,59 @@ def test_prefill_rejects_bad_arguments() -> None:
         paged_prefill_attention_triton(q[0], k_cache, v_cache, tables, cu, lens, 0.2)
     with pytest.raises(ValueError, match="k_cache and v_cache"):
         paged_prefill_attention_triton(q, k_cache, v_cache[:, :8], tables, cu, lens, 0.2)
+
+
+# --- the CPU path: PyTorch's fused attention over a per-step plan ------------------------
+
+def _cpu_attention(q, k_cache, v_cache, tables, cu, lens, scale, slots=None):
+    slots = torch.full((q.shape[0],), -1) if slots is None else slots
+    plan = CpuAttentionPlan.build(slots, tables, cu, lens, k_cache.shape[1])
+    return paged_attention_cpu(q, k_cache, v_cache, plan, scale)
+
+
+@pytest.mark.parametrize("context_lens", [[37], [16, 16, 16], [1, 37, 16, 83], [700] + [20] * 9, [79, 134]])
+@pytest.mark.parametrize("group", [1, 3])
+def test_cpu_decode_matches_ref(context_lens: list[int], group: int) -> None:
+    q, k_cache, v_cache, tables, lens = _decode_case(context_lens, group, 16, 16, seed=21)
+    cu = torch.arange(len(context_lens) + 1, dtype=torch.int32)
+    expected = paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.2)
+    torch.testing.assert_close(_cpu_attention(q, k_cache, v_cache, tables, cu, lens, 0.2), expected,
+                               atol=ATOL, rtol=RTOL)
+
+
+def test_cpu_decode_groups_contexts_within_a_factor_of_two() -> None:
+    lens = torch.tensor([700, 20, 20, 33, 400, 16], dtype=torch.int32)
+    tables = torch.arange(6 * 44, dtype=torch.int32).view(6, 44)
+    plan = CpuAttentionPlan.build(torch.zeros(6, dtype=torch.long), tables, torch.arange(7), lens, 16)
+    groups = sorted((g.length, sorted(g.rows.tolist())) for g in plan.decode_groups)
+    assert groups == [(16, [5]), (48, [1, 2, 3]), (704, [0, 4])]  # 400 padded to 700, 20 to 33; 16 alone
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_cpu_mixed_step_matches_prefill_ref(group: int) -> None:
+    # Fresh prompts, chunks after a cached prefix, decodes and an empty padding sequence in one step.
+    chunks = [(0, 23), (40, 17), (5, 1), (16, 0), (0, 1), (90, 1), (33, 64)]
+    q, k_cache, v_cache, tables, cu, lens = _prefill_case(chunks, group, 16, 16, seed=22)
+    expected = paged_prefill_attention_ref(q, k_cache, v_cache, tables, cu, lens, 0.25)
+    torch.testing.assert_close(_cpu_attention(q, k_cache, v_cache, tables, cu, lens, 0.25), expected,
+                               atol=ATOL, rtol=RTOL)
+
+
+def test_cpu_zero_context_rows_give_zeros() -> None:
+    q, k_cache, v_cache, tables, lens = _decode_case([0, 12, 0], 2, 16, 16, seed=23)
+    out = _cpu_attention(q, k_cache, v_cache, tables, torch.arange(4, dtype=torch.int32), lens, 0.2)
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.equal(out[2], torch.zeros_like(out[2]))
+    torch.testing.assert_close(out, paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.2))
+
+
+def test_cpu_write_matches_ref_and_skips_padding() -> None:
+    gen = _generator(24)
+    k_cache, v_cache = _random_cache(6, 8, 2, 16, gen)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    k, v = torch.randn(5, 2, 16, generator=gen), torch.randn(5, 2, 16, generator=gen)
+    slots = torch.tensor([17, -1, 3, 46, -1])
+    write_kv_ref(k, v, expected_k, expected_v, slots)
+    plan = CpuAttentionPlan.build(slots, torch.zeros(1, 1, dtype=torch.int32), torch.tensor([0, 5]),
+                                  torch.tensor([5]), 8)
+    write_kv_cpu(k, v, k_cache, v_cache, plan)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)

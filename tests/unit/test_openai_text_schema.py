@@ -69,7 +69,10 @@ def test_completion_defaults_and_sampling_reach_the_frame():
         ({"prompt": ["a", "b"]}, "unsupported_parameter", "prompt"),
         ({"prompt": [1, "b"]}, "invalid_value", "prompt"),
         ({"prompt": [-1]}, "invalid_value", "prompt"),
-        ({"prompt": "x", "logprobs": 2}, "unsupported_parameter", "logprobs"),
+        ({"prompt": "x", "logprobs": 6}, "invalid_value", "logprobs"),  # OpenAI's limit: 5
+        ({"prompt": "x", "logprobs": -1}, "invalid_value", "logprobs"),
+        ({"prompt": "x", "logprobs": True}, "invalid_value", "logprobs"),
+        ({"prompt": "x", "logprobs": 2, "echo": True}, "unsupported_parameter", "logprobs"),
         ({"prompt": "x", "n": 2}, "unsupported_parameter", "n"),
         ({"prompt": "x", "best_of": 3}, "unsupported_parameter", "best_of"),
         ({"prompt": "x", "suffix": "end"}, "unsupported_parameter", "suffix"),
@@ -142,7 +145,8 @@ def test_message_items_with_parts_and_an_earlier_answer():
 @pytest.mark.parametrize(
     ("fields", "code", "param"),
     [
-        ({"input": "x", "previous_response_id": "resp_1"}, "unsupported_parameter", "previous_response_id"),
+        ({"input": "x", "previous_response_id": ""}, "invalid_value", "previous_response_id"),
+        ({"input": "x", "conversation": "conv_1"}, "unsupported_parameter", "conversation"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "unsupported_parameter", "tools"),
         ({"input": "x", "text": {"format": {"type": "json_object"}}}, "unsupported_parameter", "text"),
         ({"input": "x", "background": True}, "unsupported_parameter", "background"),

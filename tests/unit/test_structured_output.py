@@ -42,6 +42,15 @@ def test_mask_keeps_only_allowed_tokens_and_leaves_other_rows_alone():
     assert allowed == [3, 31, 37] and logits[1, 37] == before[1, 37]
 
 
+def test_mask_of_random_words_equals_a_bit_by_bit_reading():
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 100, generator=gen)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (5, 4), dtype=torch.int32, generator=gen)
+    allowed = torch.tensor([[bool((int(bitmask[r, t // 32]) >> (t % 32)) & 1) for t in range(100)] for r in range(5)])
+    expected = logits.masked_fill(~allowed, float("-inf"))
+    assert torch.equal(apply_token_bitmask(logits, torch.arange(5), bitmask), expected)
+
+
 def test_mask_narrower_than_the_logits_allows_nothing_past_its_end():
     logits = torch.zeros(1, 40)
     apply_token_bitmask(logits, torch.tensor([0]), torch.full((1, 1), -1, dtype=torch.int32))

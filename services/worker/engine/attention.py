@@ -1,11 +1,13 @@
-"""Attention of one layer over flat packed tokens: paged (through the KV cache, for serving)
-or dense causal (one sequence, no cache: the ground truth in tests)."""
+"""Attention of one layer over flat packed tokens: paged (through the KV cache, for serving:
+Triton kernels on a GPU, PyTorch's fused attention on a CPU) or dense causal (one sequence,
+no cache: the ground truth in tests)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_attention import CpuAttentionPlan, paged_attention_cpu, write_kv_cpu
 from kernels.decode_attention import paged_decode_attention
 from kernels.kv_write import write_kv
 from kernels.prefill_attention import paged_prefill_attention
@@ -24,10 +26,19 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor  # (N+1,) int32
     context_lens: torch.Tensor  # (N,) int32
     max_query_len: int  # 1 means every sequence decodes one token: T == N
+    _cpu_plan: CpuAttentionPlan | None = field(default=None, repr=False, compare=False)
 
     @property
     def decode_only(self) -> bool:
         return self.max_query_len == 1
+
+    def cpu_plan(self, block_size: int) -> CpuAttentionPlan:
+        """What each sequence reads from the cache, worked out by the first layer for all of them."""
+        if self._cpu_plan is None:
+            self._cpu_plan = CpuAttentionPlan.build(
+                self.slot_mapping, self.block_tables, self.cu_seqlens_q, self.context_lens, block_size
+            )
+        return self._cpu_plan
 
 
 def paged_attention(
@@ -40,6 +51,10 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:  # (T, Hq, D)
     """Store this step's K/V in the cache, then attend over each sequence's whole cached context."""
+    if not q.is_cuda:
+        plan = meta.cpu_plan(k_cache.shape[1])
+        write_kv_cpu(k, v, k_cache, v_cache, plan)
+        return paged_attention_cpu(q, k_cache, v_cache, plan, scale)
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     if meta.decode_only:
         return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)

@@ -4,19 +4,24 @@ their grammar allows next; the other rows are not touched."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-_BITS = torch.arange(32, dtype=torch.int32)
+# What adding to a logit does for each value of one mask byte: 0 keeps the 8 tokens it allows,
+# -inf removes the others. One table lookup per byte spares a pass per bit and a masked fill.
+_PER_BYTE = torch.where(((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool(), 0.0, float("-inf"))  # (256, 8)
 
 
 def apply_token_bitmask(
-    logits: torch.Tensor,  # (S, V), changed in place
+    logits: torch.Tensor,  # (S, V) float, changed in place
     rows: torch.Tensor,  # (R,) int64: the rows that have a grammar
     bitmask: torch.Tensor,  # (R, ceil(V / 32)) int32: bit j of word w allows token 32 * w + j
 ) -> torch.Tensor:
     vocab = logits.shape[1]
-    bits = _BITS.to(bitmask.device)
-    allowed = ((bitmask[:, :, None] >> bits) & 1).bool().flatten(1)[:, :vocab]  # (R, V)
-    if allowed.shape[1] < vocab:  # a mask narrower than the logits allows nothing past its end
-        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
-    logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    table = _PER_BYTE.to(logits.device, logits.dtype)
+    # Little-endian words: byte b of the flat mask holds tokens 8b .. 8b+7, lowest bit first.
+    mask_bytes = bitmask.contiguous().view(torch.uint8).reshape(-1).long()
+    penalty = table.index_select(0, mask_bytes).view(bitmask.shape[0], -1)  # (R, 32 W)
+    if penalty.shape[1] < vocab:  # a mask narrower than the logits allows nothing past its end
+        penalty = F.pad(penalty, (0, vocab - penalty.shape[1]), value=float("-inf"))
+    logits.index_add_(0, rows.to(logits.device), penalty[:, :vocab])
     return logits

@@ -79,6 +79,10 @@ class KVCacheManager:
         pool and the request are exactly as they were.
         """
         blocks = self.req_to_blocks.get(request.request_id, [])
+        if not new_computed_blocks and blocks:  # most decode steps: the token fits in the last block
+            num_total = request.num_computed_tokens + num_new_tokens
+            if num_total <= len(blocks) * self.block_size and num_total <= self.max_model_len:
+                return []
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         num_total = num_computed + num_new_tokens
         if num_total > self.max_model_len:

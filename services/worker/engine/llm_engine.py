@@ -14,7 +14,9 @@ from services.worker.engine.detokenizer import IncrementalDetokenizer
 from services.worker.engine.engine import Engine, RequestUpdate
 from services.worker.engine.grammar_compiler import GrammarCompiler, GrammarQueue
 from services.worker.engine.logprobs import TokenLogprobs
+from services.worker.engine.model import LlamaModel
 from services.worker.engine.prompt_ids import prompt_token_ids
+from services.worker.engine.quantize import quantize_int8_
 from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.settings import EngineSettings
@@ -31,6 +33,7 @@ from services.worker.engine.types import (
     Usage,
 )
 from services.worker.engine.weights import load_model
+from shared.models.errors import ModelError
 from shared.models.spec import ModelSpec
 from shared.models.tokenizer import Tokenizer
 
@@ -173,14 +176,26 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def load_engine_model(spec: ModelSpec, settings: EngineSettings, device: torch.device) -> tuple[LlamaModel, Tokenizer]:
+    """The spec's model in the settings' dtype and quantization, and its tokenizer."""
+    if settings.quantization != "none" and device.type != "cpu":
+        raise ModelError(f"{settings.quantization} quantization runs on a CPU; {device} serves bfloat16")
+    dtype = None if settings.dtype == "auto" else getattr(torch, settings.dtype)
+    model, tokenizer = load_model(spec, device, dtype)
+    if settings.quantization == "int8":
+        quantize_int8_(model)
+    return model, tokenizer
+
+
 def build_llm_engine(spec: ModelSpec, settings: EngineSettings = EngineSettings(), device: str = "auto") -> LLMEngine:
     """Load the spec's model onto the device and build the engine around it."""
     torch_device = resolve_device(device)
-    model, tokenizer = load_model(spec, torch_device)
+    model, tokenizer = load_engine_model(spec, settings, torch_device)
     eos = tuple(dict.fromkeys(tokenizer.eos_token_ids + model.config.eos_token_ids))
     engine = Engine(model, settings, spec.max_model_len, eos_token_ids=eos)
     log.info(
-        "engine ready: model %s on %s, %d KV blocks, max_model_len %d",
-        spec.name, torch_device, engine.runner.num_blocks, engine.max_model_len,
+        "engine ready: model %s on %s (%s, quantization %s), %d KV blocks, max_model_len %d",
+        spec.name, torch_device, engine.runner.dtype, settings.quantization, engine.runner.num_blocks,
+        engine.max_model_len,
     )
     return LLMEngine(engine, tokenizer)

@@ -46,6 +46,10 @@ class EngineSettings(CacheSharing):
     """benchmark baseline only: admit a batch, then nothing new until all of it finished"""
     cuda_graphs: bool = True
     """GPU: replay decode steps as captured CUDA graphs"""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """weights and KV cache; auto: bfloat16 on a GPU, float32 on a CPU"""
+    quantization: Literal["none", "int8"] = "none"
+    """CPU: weight-only int8 for the projections and the output layer, a quarter of float32's bytes read per token"""
     fair_share: Literal["vtc", "fcfs"] = "vtc"
     """order of waiting requests: weighted virtual token counters between tenants (vtc), or arrival order (fcfs)"""
     vtc_output_weight: Annotated[float, Field(ge=0.0)] = 2.0

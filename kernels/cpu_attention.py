@@ -1,0 +1,192 @@
+"""Paged attention on the CPU through PyTorch's fused scaled_dot_product_attention.
+
+What a step's sequences read from the cache is worked out once per step (a CpuAttentionPlan),
+then every layer does a few whole-block gathers and one fused attention call per group:
+- decoding sequences are grouped by length (each group's contexts within a factor of two), so
+  no sequence is padded to the batch's longest context;
+- each prompt chunk attends causally over its cached prefix and itself;
+- new K/V are written by index into the flat cache.
+The references in decode_attention.py and prefill_attention.py stay the ground truth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from kernels.checks import check_query_and_cache
+
+PAD_BLOCK = 0  # a real block (the pool's null block) read for table entries past a context, then masked
+
+
+@dataclass(frozen=True)
+class DecodeGroup:
+    """Sequences that decode one token each, with contexts within a factor of two of each other."""
+
+    rows: torch.Tensor  # (n,) query rows
+    blocks: torch.Tensor  # (n, NB) int64 block ids; past a context: PAD_BLOCK
+    visible: torch.Tensor | None  # (n, 1, 1, NB * block_size) bool; None when every position is visible
+    length: int  # NB * block_size, the group's padded context
+
+
+@dataclass(frozen=True)
+class PromptChunk:
+    """A chunk of several query tokens at the end of its sequence's context."""
+
+    start: int  # its query rows are start:end
+    end: int
+    blocks: torch.Tensor  # (NB,) int64
+    context_len: int
+    mask: torch.Tensor | None  # (L, context_len) bool; None: plain causal (no cached prefix)
+
+
+@dataclass(frozen=True)
+class CpuAttentionPlan:
+    write_slots: torch.Tensor  # (T',) int64 flat cache slots
+    write_rows: torch.Tensor | None  # (T',) rows written; None: every row, in order
+    decode_groups: list[DecodeGroup]
+    prompt_chunks: list[PromptChunk]
+    num_rows: int
+    # Gathers of every layer reuse two buffers: a fresh allocation per layer costs page faults.
+    _buffers: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def single_group(self) -> bool:
+        """Every row decodes, in one group in row order: its output is the step's output."""
+        return not self.prompt_chunks and len(self.decode_groups) == 1 and self.decode_groups[0].rows.shape[0] == self.num_rows
+
+    def gather(self, cache: torch.Tensor, blocks: torch.Tensor, buffer: str) -> torch.Tensor:
+        """(n, NB) block ids -> (n, Hkv, NB * block_size, D): whole blocks copied into a reused buffer."""
+        n, num_blocks = blocks.shape
+        wanted = n * num_blocks
+        held = self._buffers.get(buffer)
+        if held is None or held.shape[0] < wanted or held.dtype != cache.dtype:
+            held = self._buffers[buffer] = cache.new_empty((self._most_blocks(), *cache.shape[1:]))
+        gathered = torch.index_select(cache, 0, blocks.reshape(-1), out=held[:wanted])
+        return gathered.view(n, num_blocks * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
+
+    def _most_blocks(self) -> int:
+        sizes = [g.blocks.numel() for g in self.decode_groups] + [c.blocks.numel() for c in self.prompt_chunks]
+        return max(sizes, default=1)
+
+    @classmethod
+    def build(
+        cls,
+        slot_mapping: torch.Tensor,  # (T,)
+        block_tables: torch.Tensor,  # (N, M)
+        cu_seqlens_q: torch.Tensor,  # (N+1,)
+        context_lens: torch.Tensor,  # (N,)
+        block_size: int,
+    ) -> CpuAttentionPlan:
+        slots = slot_mapping.long()
+        keep = slots >= 0
+        write_rows = None if bool(keep.all()) else keep.nonzero().squeeze(1)
+        write_slots = slots if write_rows is None else slots[write_rows]
+
+        bounds = cu_seqlens_q.tolist()
+        lengths = context_lens.tolist()
+        tables = block_tables.long()
+        decoding = []
+        chunks = []
+        for seq, context_len in enumerate(lengths):
+            start, end = bounds[seq], bounds[seq + 1]
+            if context_len == 0 or end == start:
+                continue  # padding: its rows stay zero
+            if end - start == 1:
+                decoding.append(seq)
+            else:
+                blocks = tables[seq, : math.ceil(context_len / block_size)]
+                chunks.append(_prompt_chunk(start, end, blocks, context_len))
+        groups = [_decode_group(seqs, bounds, lengths, tables, block_size)
+                  for seqs in _by_length(decoding, lengths)]
+        return cls(write_slots, write_rows, groups, chunks, num_rows=bounds[-1])
+
+
+def _by_length(seqs: list[int], lengths: list[int]) -> list[list[int]]:
+    """Longest first; a sequence joins the current group while its context is at least half the
+    group's longest, so padding at most doubles any sequence's work."""
+    groups: list[list[int]] = []
+    for seq in sorted(seqs, key=lambda s: -lengths[s]):
+        if groups and 2 * lengths[seq] >= lengths[groups[-1][0]]:
+            groups[-1].append(seq)
+        else:
+            groups.append([seq])
+    return [sorted(group) for group in groups]  # rows in order: one group of all rows is the output as is
+
+
+def _decode_group(seqs: list[int], bounds: list[int], lengths: list[int], tables: torch.Tensor,
+                  block_size: int) -> DecodeGroup:
+    contexts = torch.tensor([lengths[s] for s in seqs])  # (n,)
+    num_blocks = math.ceil(int(contexts.max()) / block_size)
+    index = torch.tensor(seqs)
+    blocks = tables[index, :num_blocks]  # (n, NB)
+    used = torch.arange(num_blocks)[None, :] < ((contexts + block_size - 1) // block_size)[:, None]
+    blocks = torch.where(used, blocks, PAD_BLOCK)
+    length = num_blocks * block_size
+    visible = torch.arange(length)[None, :] < contexts[:, None]  # (n, S)
+    rows = torch.tensor([bounds[s] for s in seqs])
+    return DecodeGroup(rows, blocks, None if bool(visible.all()) else visible[:, None, None, :], length)
+
+
+def _prompt_chunk(start: int, end: int, blocks: torch.Tensor, context_len: int) -> PromptChunk:
+    num_queries = end - start
+    prefix = context_len - num_queries
+    if prefix == 0:
+        return PromptChunk(start, end, blocks, context_len, None)
+    # Query i sits at position prefix + i and sees every key up to its own position.
+    mask = torch.arange(context_len)[None, :] <= (prefix + torch.arange(num_queries))[:, None]
+    return PromptChunk(start, end, blocks, context_len, mask)
+
+
+def write_kv_cpu(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 plan: CpuAttentionPlan) -> None:
+    """Copy this step's K/V (T, Hkv, D) into their slots of the caches, in place."""
+    if plan.write_rows is not None:
+        k, v = k[plan.write_rows], v[plan.write_rows]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, plan.write_slots, k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, plan.write_slots, v.to(v_cache.dtype))
+
+
+def paged_attention_cpu(
+    q: torch.Tensor,  # (T, Hq, D)
+    k_cache: torch.Tensor,  # (num_blocks, block_size, Hkv, D)
+    v_cache: torch.Tensor,
+    plan: CpuAttentionPlan,
+    scale: float,
+) -> torch.Tensor:  # (T, Hq, D)
+    """Each query row attends to its sequence's cached context up to its own position."""
+    check_query_and_cache(q, k_cache, v_cache, "(T, Hq, D)")
+    if plan.single_group:
+        return _decode(q, k_cache, v_cache, plan.decode_groups[0], plan, scale)
+    out = q.new_zeros(q.shape)
+    for group in plan.decode_groups:
+        out.index_copy_(0, group.rows, _decode(q[group.rows], k_cache, v_cache, group, plan, scale))
+    for chunk in plan.prompt_chunks:
+        out[chunk.start:chunk.end] = _prefill(q[chunk.start:chunk.end], k_cache, v_cache, chunk, plan, scale)
+    return out
+
+
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
+            plan: CpuAttentionPlan, scale: float) -> torch.Tensor:  # (n, Hq, D)
+    n, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    keys = plan.gather(k_cache, group.blocks, "k")  # (n, Hkv, S, D)
+    values = plan.gather(v_cache, group.blocks, "v")
+    # The query heads sharing a KV head ride as that head's query rows: no copies of K/V per head.
+    queries = q.view(n, num_kv_heads, num_q_heads // num_kv_heads, head_dim)  # (n, Hkv, G, D)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.visible, scale=scale)
+    return out.reshape(n, num_q_heads, head_dim)
+
+
+def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: PromptChunk,
+             plan: CpuAttentionPlan, scale: float) -> torch.Tensor:  # (L, Hq, D)
+    keys = plan.gather(k_cache, chunk.blocks[None], "k")[0, :, : chunk.context_len]  # (Hkv, C, D)
+    values = plan.gather(v_cache, chunk.blocks[None], "v")[0, :, : chunk.context_len]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), keys, values, attn_mask=chunk.mask, is_causal=chunk.mask is None,
+        scale=scale, enable_gqa=True,
+    )  # (Hq, L, D)
+    return out.transpose(0, 1)
