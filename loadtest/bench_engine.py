@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_report import write_and_report
 from engine_controls import controls, structured
 from engine_decode import decode
 from engine_overhead import overhead
@@ -91,13 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         results[name]["scenario_seconds"] = time.perf_counter() - start
         print(f"{name}: {json.dumps(results[name], default=float)[:400]}", flush=True)
     results["targets"] = check_targets(results)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2, default=float))
-    plot_path = plot_results(results, args.json.with_suffix(".png"))
-    print("\nkey figures:")
-    for key, verdict in results["targets"].items():
-        print(f"  {key} = {verdict['value']:.3f} (target {verdict['target']}: {'met' if verdict['met'] else 'MISSED'})")
-    print(f"wrote {args.json}" + (f" and {plot_path}" if plot_path else " (no matplotlib: no plot)"))
+    write_and_report(results, args.json, plot_results)
     return 0
 
 

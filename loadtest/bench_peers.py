@@ -15,7 +15,6 @@ Engines: peers_drivetrain.py, peers_hf.py, peers_llama.py; workloads: peers_work
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -24,6 +23,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import torch
+from bench_report import write_and_report
 from peers_agreement import agreement
 from peers_drivetrain import DrivetrainPeer, kv_blocks_for, parse_variants
 from peers_gguf import f32_gguf, shipped_gguf
@@ -172,13 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_start": load_start[0], "load_average_end": os.getloadavg()[0],
     }
     results["targets"] = check_targets(results, args.variants)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
-    plot_path = plot_results(results, args.json.with_suffix(".png"))
-    print("\nkey figures:")
-    for key, verdict in results["targets"].items():
-        print(f"  {key} = {verdict['value']:.3f} (target {verdict['target']}: {'met' if verdict['met'] else 'MISSED'})")
-    print(f"wrote {args.json}" + (f" and {plot_path}" if plot_path else " (no matplotlib: no plot)"))
+    write_and_report(results, args.json, plot_results)
     return 0
 
 

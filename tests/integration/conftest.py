@@ -9,6 +9,16 @@ import pytest
 from services.launcher.fleet import Fleet
 from tests.conftest import start_fleet
 
+# A tool the OpenAI and WebSocket tool-call tests offer the model.
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"]},
+    },
+}
+
 
 @pytest.fixture(scope="module")
 def echo_fleet(topics, fleet_logs) -> Iterator[Fleet]:

@@ -21,16 +21,9 @@ from services.launcher.fleet import Fleet
 from shared.chat_client import ChatSocket
 from shared.models.echo import CONTEXT_PIECES
 from tests.conftest import start_fleet
+from tests.integration.conftest import WEATHER
 
 OTHER_KEY, OTHER_TENANT = f"key-{uuid.uuid4().hex}", f"other-{uuid.uuid4().hex[:8]}"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"]},
-    },
-}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 LONG_TOOL = {"type": "function", "function": {"name": "lookup", "description": "Looks things up. " * 200}}

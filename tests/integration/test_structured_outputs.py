@@ -13,20 +13,13 @@ from openai import AsyncOpenAI
 
 from services.launcher.fleet import Fleet
 from tests.conftest import start_fleet
+from tests.integration.conftest import WEATHER
 
 PERSON = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0}},
     "required": ["name", "age"],
     "additionalProperties": False,
-}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"]},
-    },
 }
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
