@@ -33,6 +33,8 @@ async def edges(infra):
     """Two cluster clients, as two edges have."""
     nodes = RedisSettings(nodes=f"{infra.redis_host}:{infra.redis_ports[0]}")
     clients = [make_cluster(nodes), make_cluster(nodes)]
+    for client in clients:  # the slot map read before the burst, not by the burst's first command
+        await client.initialize()
     yield clients
     for client in clients:
         await client.aclose()
