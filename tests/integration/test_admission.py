@@ -185,7 +185,8 @@ async def test_a_full_fleet_refuses_free_first_while_enterprise_keeps_its_reserv
         try:
             await sock.chat("vip", "enterprise still gets in")
             result = await sock.collect("vip", timeout=30)
-            assert result.final["type"] == "done" and result.text == "enterprise still gets in"
+            assert result.final["type"] == "done", result.final  # the refusal, when there is one, says why
+            assert result.text == "enterprise still gets in"
         finally:
             await sock.close()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{fleet.spec.base_port + 1}/v1", timeout=15) as http:
