@@ -18,7 +18,6 @@ from services.edge.openai_schema import (
     CompletionHeader,
     SamplingFields,
     StreamOptions,
-    decode_body,
     finish_reason_of,
     sampling_controls,
     usage_body,
@@ -26,7 +25,7 @@ from services.edge.openai_schema import (
 from services.edge.openai_text_events import (
     ParsedText,
     SseEvent,
-    check_model,
+    decode_checked,
     unsupported,
 )
 from services.edge.protocol import ChatFrame, DoneFrame, LogprobBody
@@ -75,15 +74,7 @@ def prompt_of(value: str | list[Any]) -> Prompt:
 
 def parse_completions_request(body: bytes, served_model: str, chat_id: str, head: CompletionHeader) -> ParsedText:
     """The body as a chat frame with a raw prompt; ApiError (400) when we cannot honour it."""
-    request = decode_body(_decoder, body)
-    for field, is_neutral in NEUTRAL.items():
-        if not is_neutral(getattr(request, field)):
-            raise unsupported(field)
-    check_model(request.model, served_model)
-    if request.stream_options is not None and not request.stream:
-        raise ApiError(
-            400, "`stream_options` is only allowed when `stream` is true", code="invalid_value", param="stream_options"
-        )
+    request: CompletionsRequest = decode_checked(_decoder, body, NEUTRAL, served_model)
     prompt = prompt_of(request.prompt)
     if request.echo and not isinstance(prompt, str):
         raise unsupported("echo", "of a token-id prompt is not supported by this server; send the prompt as text")

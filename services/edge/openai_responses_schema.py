@@ -15,13 +15,11 @@ from services.edge.openai_schema import (
     DEFAULT_TOP_P,
     ApiError,
     CompletionHeader,
-    decode_body,
 )
 from services.edge.openai_text_events import (
     ParsedText,
     SseEvent,
-    check_model,
-    unsupported,
+    decode_checked,
 )
 from services.edge.protocol import (
     ChatFrame,
@@ -116,16 +114,7 @@ NEUTRAL: dict[str, Callable[[Any], bool]] = {
 
 def decode_responses_request(body: bytes, served_model: str) -> ResponsesRequest:
     """The body as a request we can honour; ApiError (400) when it is not one."""
-    request = decode_body(_decoder, body)
-    for name, is_neutral in NEUTRAL.items():
-        if not is_neutral(getattr(request, name)):
-            raise unsupported(name)
-    check_model(request.model, served_model)
-    if request.stream_options is not None and not request.stream:
-        raise ApiError(
-            400, "`stream_options` is only allowed when `stream` is true", code="invalid_value", param="stream_options"
-        )
-    return request
+    return decode_checked(_decoder, body, NEUTRAL, served_model)
 
 
 def input_messages(request: ResponsesRequest) -> list[ChatMessage]:

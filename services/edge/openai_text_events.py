@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from services.edge.openai_schema import ApiError
+from services.edge.openai_schema import ApiError, decode_body
 from services.edge.protocol import ChatFrame, DoneFrame, LogprobBody
 
 
@@ -26,6 +26,22 @@ def check_model(model: str, served_model: str) -> None:
             400, f"The model `{model}` does not exist; this server serves `{served_model}`",
             code="model_not_found", param="model",
         )  # fmt: skip
+
+
+def decode_checked(decoder: msgspec.json.Decoder[Any], body: bytes, neutral: dict[str, Callable[[Any], bool]],
+                   served_model: str) -> Any:
+    """A text endpoint's body decoded, with what every such endpoint refuses refused: a field we do
+    not honour set to anything but its neutral value, another model, stream_options without stream."""
+    request = decode_body(decoder, body)
+    for name, is_neutral in neutral.items():
+        if not is_neutral(getattr(request, name)):
+            raise unsupported(name)
+    check_model(request.model, served_model)
+    if request.stream_options is not None and not request.stream:
+        raise ApiError(
+            400, "`stream_options` is only allowed when `stream` is true", code="invalid_value", param="stream_options"
+        )
+    return request
 
 
 @dataclass(frozen=True)
