@@ -229,7 +229,17 @@ class Moved(msgspec.Struct, frozen=True, tag="moved", array_like=True):
     epoch: int
 
 
-Event = Started | Token | LoggedToken | Done | Error | Moved
+class HandedOff(msgspec.Struct, frozen=True, tag="handed-off", array_like=True):
+    """The running worker moved the request, KV cache and all, to `worker_id` (a prefill worker
+    to a decode worker): from here on only that worker may add to the stream. Sent by the worker
+    handing it off, before the new one says anything, on the same partition as the stream."""
+
+    request_id: str
+    seq: int
+    worker_id: str
+
+
+Event = Started | Token | LoggedToken | Done | Error | Moved | HandedOff
 
 
 class TokenBatch(msgspec.Struct, frozen=True, tag="tokens"):

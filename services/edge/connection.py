@@ -51,6 +51,8 @@ class Delivered:
 def may_speak(chat: Chat, event: wire.Event, worker_id: str) -> bool:
     if isinstance(event, wire.Started):
         return event.worker_id == worker_id and chat.owner in (None, worker_id)
+    if isinstance(event, wire.HandedOff):  # only the owner may hand its stream on
+        return chat.owner is not None and worker_id == chat.owner
     if chat.owner is None:
         return not isinstance(event, wire.Token)
     return worker_id == chat.owner
@@ -121,7 +123,7 @@ class Connection:
         if worker_id is not None and not may_speak(chat, event, worker_id):
             return Delivered(chat, [], foreign=True)
         chat.last_event_at = time.monotonic()
-        if isinstance(event, wire.Started):
+        if isinstance(event, (wire.Started, wire.HandedOff)):  # a handoff comes from the owner (may_speak)
             chat.owner = event.worker_id
             return Delivered(chat, [])
         if isinstance(event, wire.Moved):

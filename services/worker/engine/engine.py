@@ -13,6 +13,7 @@ from llguidance import LLMatcher
 from services.worker.engine.block_pool import BlockPool
 from services.worker.engine.grammar_matchers import GrammarMatchers
 from services.worker.engine.kv_cache_manager import KVCacheManager
+from services.worker.engine.kv_handoffs import KVHandoffs
 from services.worker.engine.logprobs import Sampled, TokenLogprobs
 from services.worker.engine.model import LlamaModel
 from services.worker.engine.model_runner import ModelRunner, RunnerConfig
@@ -28,6 +29,7 @@ from services.worker.engine.types import (
     EngineLoad,
     FailureCode,
     FinishReason,
+    HandoffReady,
     RequestRejected,
     StartListener,
 )
@@ -70,6 +72,7 @@ class RequestUpdate:
     finish_reason: FinishReason | None = None  # set once it finished
     error: str | None = None  # why the request failed, when it failed alone
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # of new_token_ids, when the request asked
+    handoff: HandoffReady | None = None  # parked after this step, for another engine (kv_handoffs.py)
 
 
 def waiting_order(settings: EngineSettings) -> TenantOrder:
@@ -101,6 +104,7 @@ class Engine:
         pool = BlockPool(self.runner.num_blocks, settings.block_size, enable_caching=settings.enable_prefix_caching)
         self.kv_cache_manager = KVCacheManager(pool, scheduler_config.max_model_len)
         self.scheduler = Scheduler(scheduler_config, self.kv_cache_manager, tenant_order or waiting_order(settings))
+        self.handoffs = KVHandoffs(self.scheduler, self.kv_cache_manager, self.runner.kv_caches, self.runner.dtype)
         self.start_listener: StartListener | None = None
         self._started: set[str] = set()  # requests already announced to start_listener
         self.num_steps = 0
@@ -123,9 +127,15 @@ class Engine:
             self.grammars.add(request.request_id, grammar)
 
     def abort_request(self, request_id: str) -> bool:
-        """Cancel a request and free its blocks now; False if unknown."""
+        """Cancel a request and free its blocks now (parked or being received too); False if unknown."""
         self.grammars.remove(request_id)
-        return self.scheduler.abort_request(request_id)
+        handoffs = self.handoffs
+        return self.scheduler.abort_request(request_id) or handoffs.release(request_id) or handoffs.cancel(request_id)
+
+    def commit_import(self, request_id: str, cached_tokens: int) -> None:
+        """A received request runs from the next step; its start was on record where it was prefilled."""
+        self.handoffs.commit(request_id, cached_tokens)
+        self._started.add(request_id)
 
     def finish_request(self, request_id: str, reason: FinishReason) -> bool:
         """Finish a request from outside the loop (a stop string found in its text)."""
@@ -139,7 +149,7 @@ class Engine:
         return self.scheduler.has_unfinished_requests()
 
     def request_ids(self) -> list[str]:
-        return list(self.scheduler.requests)
+        return [*self.scheduler.requests, *self.handoffs.parked, *self.handoffs.importing]
 
     def load(self) -> EngineLoad:
         pool = self.kv_cache_manager.block_pool
@@ -221,10 +231,11 @@ class Engine:
             reason = self._stop_reason(request, token)
             if reason is not None:
                 self.finish_request(request.request_id, reason)
+            handoff = self.handoffs.park(request) if reason is None and request.handoff else None
             # An end token (EOS, a stop token id) is no text of the reply: it has no logprob entry, as in OpenAI's.
             lp = sampled.logprobs.get(chunk.request_id)
             logprobs = [lp] if lp is not None and not self._is_end_token(request, token) else []
-            updates.append(RequestUpdate(request.request_id, [token], reason, logprobs=logprobs))
+            updates.append(RequestUpdate(request.request_id, [token], reason, logprobs=logprobs, handoff=handoff))
         return updates
 
     def _is_end_token(self, request: Request, token: int) -> bool:

@@ -27,6 +27,7 @@ from services.worker.engine.types import (
     Failure,
     FailureCode,
     FinishReason,
+    KVLayout,
     Logprob,
     RequestRejected,
     StartListener,
@@ -59,6 +60,9 @@ class LLMEngine:
         self.engine = engine
         self.tokenizer = tokenizer
         self._streams: dict[str, _Stream] = {}
+        # Handoffs (kv_handoffs.py): parked here for another engine; being received from one.
+        self._parked: dict[str, _Stream] = {}
+        self._importing: dict[str, _Stream] = {}
         compiler = GrammarCompiler(tokenizer, engine.vocab_size, tuple(sorted(engine.eos_token_ids)))
         self.compiling = GrammarQueue(compiler)  # constrained requests wait here for their grammar
 
@@ -67,7 +71,8 @@ class LLMEngine:
         if request.constraint is not None:
             self.compiling.add(request, prompt)  # joins the engine in a later step, with its grammar
             return
-        self.add_prompt(request.request_id, prompt, request.sampling, request.tenant, request.weight, request.priority)
+        r = request
+        self.add_prompt(r.request_id, prompt, r.sampling, r.tenant, r.weight, r.priority, handoff=r.handoff)
 
     def add_prompt(
         self,
@@ -78,18 +83,23 @@ class LLMEngine:
         weight: float = 1.0,
         priority: int = 0,
         grammar: LLMatcher | None = None,
+        handoff: bool = False,
     ) -> Request:
         """Queue a prompt already in token ids; the engine's Request, which grows as it runs."""
-        salt = self.engine.settings.cache_salt(tenant)
-        request = Request(request_id, prompt_token_ids, sampling, tenant, salt, weight, priority)
+        request = self._request(request_id, prompt_token_ids, sampling, tenant, weight, priority, handoff)
         self.engine.add_request(request, grammar)  # raises RequestRejected, with the scheduler's code
         self._streams[request_id] = _Stream(request, IncrementalDetokenizer(self.tokenizer, sampling.stop))
         return request
 
+    def _request(self, request_id: str, prompt: list[int], sampling: SamplingParams, tenant: str, weight: float,
+                 priority: int, handoff: bool = False) -> Request:  # fmt: skip
+        salt = self.engine.settings.cache_salt(tenant)
+        return Request(request_id, prompt, sampling, tenant, salt, weight, priority, handoff)
+
     def abort_request(self, request_id: str) -> EngineOutput | None:
         if self.compiling.remove(request_id):
             return EngineOutput(request_id, finish_reason=FinishReason.CANCELLED, usage=Usage(0, 0, 0))
-        stream = self._streams.pop(request_id, None)
+        stream = self._streams.pop(request_id, None) or self._parked.pop(request_id, None) or self._importing.pop(request_id, None)
         if stream is None:
             return None
         self.engine.abort_request(request_id)
@@ -100,7 +110,7 @@ class LLMEngine:
         if not self.engine.has_unfinished_requests():
             return rejected
         outputs = (self._process(update) for update in self.engine.step() if update.request_id in self._streams)
-        return rejected + [output for output in outputs if output.text or output.finished or output.logprobs]
+        return rejected + [o for o in outputs if o.text or o.finished or o.logprobs or o.handoff is not None]
 
     def _admit_compiled(self) -> list[EngineOutput]:
         """Requests whose grammar is ready join the engine; one whose grammar failed ends here."""
@@ -140,7 +150,7 @@ class LLMEngine:
         return self.engine.has_unfinished_requests() or len(self.compiling) > 0
 
     def request_ids(self) -> list[str]:
-        return list(self._streams) + self.compiling.ids()
+        return [*self._streams, *self._parked, *self._importing, *self.compiling.ids()]
 
     def _process(self, update: RequestUpdate) -> EngineOutput:
         request_id = update.request_id
@@ -153,15 +163,67 @@ class LLMEngine:
         logprobs = tuple(self._logprob(lp) for lp in update.logprobs)
         finish_reason = update.finish_reason
         if detokenizer.stopped:
-            if finish_reason is None:
-                self.engine.finish_request(request_id, FinishReason.STOP)
+            if finish_reason is None and not self.engine.finish_request(request_id, FinishReason.STOP):
+                self.engine.handoffs.release(request_id)  # parked in this very step: it ends here instead
             finish_reason = FinishReason.STOP
         elif finish_reason is not None:
             text += detokenizer.flush()
         if finish_reason is None:
-            return EngineOutput(request_id, text, logprobs=logprobs)
+            if update.handoff is not None:
+                self._parked[request_id] = self._streams.pop(request_id)
+            return EngineOutput(request_id, text, logprobs=logprobs, handoff=update.handoff)
         del self._streams[request_id]
         return EngineOutput(request_id, text, finish_reason, usage=stream.usage(), logprobs=logprobs)
+
+    # Handoffs: this engine's half of moving a request to or from another (kv_handoffs.py) ----------
+    @property
+    def kv_layout(self) -> KVLayout:
+        return self.engine.handoffs.layout
+
+    def read_kv_layer(self, request_id: str, layer: int, first_block: int) -> tuple[bytes, bytes]:
+        """Any thread: K and V of a parked request's blocks from `first_block` on, in one layer."""
+        return self.engine.handoffs.read_layer(request_id, layer, first_block)
+
+    def release_handoff(self, request_id: str) -> None:
+        """The parked request is another engine's now (or nobody's): free its blocks."""
+        if self._parked.pop(request_id, None) is not None:
+            self.engine.handoffs.release(request_id)
+
+    def resume_handoff(self, request_id: str) -> bool:
+        """Decode the parked request here after all; False if it is no longer parked (cancelled)."""
+        stream = self._parked.pop(request_id, None)
+        if stream is None:
+            return False
+        self._streams[request_id] = stream
+        return self.engine.handoffs.resume(request_id)
+
+    def reserve_import(self, request: EngineRequest, prompt_token_ids: list[int], output_token_ids: list[int]) -> int | None:
+        """Blocks for a request prefilled elsewhere: how many leading ones this prefix cache holds
+        already, or None if there is no room now; RequestRejected if it can never run here."""
+        r = request
+        received = self._request(r.request_id, list(prompt_token_ids), r.sampling, r.tenant, r.weight, r.priority)
+        for token in output_token_ids:
+            received.append_output_token(token)
+        have = self.engine.handoffs.reserve(received)
+        if have is not None:
+            detokenizer = IncrementalDetokenizer(self.tokenizer, r.sampling.stop)
+            for token in output_token_ids:
+                detokenizer.push(token)  # its text went out from the engine that sampled it
+            self._importing[r.request_id] = _Stream(received, detokenizer)
+        return have
+
+    def write_kv_layer(self, request_id: str, layer: int, k: bytes, v: bytes) -> None:
+        """Any thread: one layer of a reserved request's blocks still to receive."""
+        self.engine.handoffs.write_layer(request_id, layer, k, v)
+
+    def commit_import(self, request_id: str, cached_tokens: int) -> None:
+        stream = self._importing.pop(request_id)
+        self.engine.commit_import(request_id, cached_tokens)
+        self._streams[request_id] = stream
+
+    def cancel_import(self, request_id: str) -> None:
+        if self._importing.pop(request_id, None) is not None:
+            self.engine.handoffs.cancel(request_id)
 
     def _logprob(self, lp: TokenLogprobs) -> Logprob:
         def text(token_id: int) -> str:

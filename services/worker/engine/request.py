@@ -56,12 +56,14 @@ class Request:
         cache_salt: str = "",
         weight: float = 1.0,
         priority: int = 0,
+        handoff: bool = False,
     ) -> None:
         self.request_id = request_id
         self.sampling = sampling
         self.tenant = tenant
         self.weight = weight  # the tenant's fair-share weight, from its tier
         self.priority = priority  # within its tenant's queue: lower is admitted first
+        self.handoff = handoff  # parked once its first token is sampled, for another engine to decode
         self.status = RequestStatus.WAITING
         self.num_prompt_tokens = len(prompt_token_ids)
         self.all_token_ids: list[int] = list(prompt_token_ids)

@@ -177,6 +177,26 @@ class Scheduler:
             self._static_batch_closed = False
         return True
 
+    def park(self, request_id: str) -> Request:
+        """Take a running request out of the batch with its blocks still held (a handoff); it is
+        no longer this scheduler's, until `add_running` takes it back."""
+        request = self.requests.pop(request_id)
+        self.running.remove(request)
+        return request
+
+    def add_running(self, request: Request) -> None:
+        """Run a request whose KV is already in its blocks (taken back, or received from another
+        engine): from the next step on it decodes like any other."""
+        if request.request_id in self.requests:
+            raise RequestRejected(FailureCode.INVALID_REQUEST, f"request id {request.request_id} is already in use")
+        request.status = RequestStatus.RUNNING
+        self.requests[request.request_id] = request
+        self.running.append(request)
+
+    def forget(self, request_id: str) -> None:
+        """A request that left without finishing here: the runner drops its state at the next step."""
+        self._finished_ids.append(request_id)
+
     def schedule(self) -> SchedulerOutput:
         plan = _StepPlan(budget=self.config.max_batch_tokens)
         self._schedule_running(plan)

@@ -85,6 +85,7 @@ class EngineRequest:
     prompt: RawPrompt | None = None  # set: fed to the model as it is, without the chat template; messages empty
     constraint: Constraint | None = None  # structured output: decoding keeps to this grammar
     tools: tuple[Tool, ...] = ()  # rendered into the prompt
+    handoff: bool = False  # stop once the first token is sampled, holding the KV for another engine (HandoffReady)
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,39 @@ class Logprob:
     top: tuple[tuple[str, float], ...] = ()
 
 
+_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How an engine's KV cache is laid out: per layer, K and V pools of (blocks, block_size,
+    num_kv_heads, head_dim). Two engines can exchange blocks only if theirs are equal."""
+
+    num_layers: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str  # "float32" | "bfloat16" | "float16"
+
+    @property
+    def block_bytes(self) -> int:
+        """One block of one layer's K (or V)."""
+        return self.block_size * self.num_kv_heads * self.head_dim * _ELEMENT_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class HandoffReady:
+    """A request parked after its prefill (EngineRequest.handoff): everything another engine
+    needs to run it on, its KV aside, which is read block by block (the engine's read_kv_layer)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]  # the first token
+    cached_tokens: int  # of the prompt, served from this engine's prefix cache
+    block_ids: tuple[int, ...]  # this engine's blocks holding the prompt's KV, in position order
+    layout: KVLayout
+
+
 @dataclass(frozen=True)
 class EngineOutput:
     """What one step did for one request: new text, and how it ended if it did."""
@@ -115,6 +149,7 @@ class EngineOutput:
     # Of the tokens this step generated, when the request asked; their text may be held back
     # (a possible stop string) and come in a later output.
     logprobs: tuple[Logprob, ...] = ()
+    handoff: HandoffReady | None = None  # set: parked for a handoff; the engine holds its KV until released or resumed
 
     @property
     def finished(self) -> bool:
