@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.edge.settings import EdgeSettings
 from services.edge.tenants import TenantsError
@@ -26,6 +27,10 @@ from shared.settings import (
     from_arguments,
     from_environment,
 )
+
+if TYPE_CHECKING:
+    from services.launcher.regions import RegionFleets
+    from shared.infra.settings import InfraSettings
 
 SERVICES: dict[str, type[Settings]] = {"edge": EdgeSettings, "worker": WorkerSettings, "router": RouterSettings}
 
@@ -46,8 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--edges", type=int, default=1)
     up.add_argument("--workers", type=int, default=1)
     up.add_argument("--routers", type=int, default=1)
+    up.add_argument(
+        "--decode-workers", type=int, default=0,
+        help="of the workers, this many decode and the rest prefill (disaggregated); 0: every worker does both",
+    )  # fmt: skip
     up.add_argument("--base-port", type=int, default=8080, help="edge i serves clients on this + i; every other port follows")
     up.add_argument("--no-restart", action="store_true", help="leave a child that dies dead")
+    up.add_argument(
+        "--regions", type=int, default=1,
+        help="local regions, each a whole fleet of the sizes above with its own topics (r1 at --base-port, r2 500 ports "
+        "above, ...), peers of each other with 35 ms added each way; a region nearly full overflows to the other",
+    )  # fmt: skip
     up.add_argument("--log-dir", type=Path, help="one log file per child (default: INFRA_DIR/logs/fleet)")
 
     from services.edge import tenants_command
@@ -155,6 +169,23 @@ def _members(args: argparse.Namespace, settings: ServiceSettings) -> int:
     return 0
 
 
+def _regions(args: argparse.Namespace, infra: InfraSettings, log_dir: Path) -> tuple[RegionFleets, list[str]]:
+    from services.launcher.regions import (
+        create_region_topics,
+        local_regions,
+        region_fleets,
+    )
+    from services.launcher.restarts import RestartPolicy
+
+    regions = local_regions(
+        args.regions, args.base_port, edges=args.edges, workers=args.workers, routers=args.routers,
+        model=args.model, echo_delay_ms=args.echo_delay_ms, decode_workers=args.decode_workers,
+    )  # fmt: skip
+    create_region_topics(infra, regions)
+    fleets = region_fleets(regions, log_dir, policy=RestartPolicy(restart=not args.no_restart))
+    return fleets, [f"{region.name} {region.spec.chat_url()}" for region in regions]
+
+
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -172,13 +203,16 @@ def _up(args: argparse.Namespace) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     spec = FleetSpec.at(
         args.base_port, edges=args.edges, workers=args.workers, routers=args.routers,
-        model=args.model, echo_delay_ms=args.echo_delay_ms,
+        model=args.model, echo_delay_ms=args.echo_delay_ms, decode_workers=args.decode_workers,
     )
     fleet = Fleet(spec, log_dir=log_dir, policy=RestartPolicy(restart=not args.no_restart))
+    urls = [spec.chat_url()]
+    if args.regions > 1:  # services/launcher/regions.py: one such fleet per region
+        fleet, urls = _regions(args, infra, log_dir)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         fleet.start(ready_timeout_s=600)
-        print(f"\nDrivetrain is up: {spec.chat_url()} (API key dev-key)")
+        print(f"\nDrivetrain is up: {', '.join(urls)} (API key dev-key)")
         print('Try: drivetrain chat "What is the capital of France?"   Ctrl-C stops.\n', flush=True)
         while True:
             time.sleep(0.25)

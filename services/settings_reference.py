@@ -33,7 +33,7 @@ SECTIONS: list[tuple[str, type, type | None]] = [
 
 
 def _cell(value: Any) -> str:
-    if value == "":
+    if value == "" or value == ():
         return "empty"
     text = str(value)
     if isinstance(value, tuple):

@@ -49,10 +49,11 @@ class Accept(msgspec.Struct, frozen=True, array_like=True):
 class LinkKeys:
     """What one fleet secret gives the link: handshake proofs and each session's frame key."""
 
-    def __init__(self, secret: bytes) -> None:
+    def __init__(self, secret: bytes, purpose: bytes = b"link") -> None:
+        """`purpose` keeps links of different kinds apart: a proof made for one is no use on another."""
         if not secret:
-            raise ValueError("the router -> edge link needs the fleet secret")
-        self._key = derive_key(secret, b"link")
+            raise ValueError("an internal link needs the fleet secret")
+        self._key = derive_key(secret, purpose)
 
     def hello(self, edge_id: str) -> Hello:
         return Hello(edge_id, secrets.token_bytes(NONCE_BYTES))

@@ -91,6 +91,7 @@ def build_app(service: EdgeService, admission: Admission = admit_all) -> Starlet
             key_hash=admitted.key_hash,
         )
         service.open_connection(conn)
+        service.regions.opened(conn_id, websocket.headers, websocket.query_params)  # its chats may be relayed as it
         writer = asyncio.create_task(conn.run_writer())
         frames = TokenBucket(frame_rate, time.monotonic())
         try:

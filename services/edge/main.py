@@ -76,6 +76,10 @@ async def serve_edge(settings: EdgeSettings, health: Health, stopping: asyncio.E
     loading = asyncio.create_task(publish_load(membership, lambda: dataclasses.asdict(service.load())))
     renewing = asyncio.create_task(service.tenancy.renew_forever())
     kv_events = asyncio.create_task(consume_kv_events(kv_consumer, seal, service.placer.index, dead_letters))
+    # Regions: this region's load out to its peers, theirs in (region_summaries.py); none single-region.
+    summaries = service.regions.summaries_io(settings.kafka, settings.edge_id, producer)
+    if summaries is not None:
+        await summaries.start()
     health.set(Lifecycle.SERVING)
     log.info(
         "edge %s serving: ws://%s:%d/v1/chat, routers at %s:%d",
@@ -93,6 +97,8 @@ async def serve_edge(settings: EdgeSettings, health: Health, stopping: asyncio.E
         loading.cancel()
         renewing.cancel()
         kv_events.cancel()
+        if summaries is not None:
+            await summaries.stop()
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await serving

@@ -40,6 +40,7 @@ from services.edge.protocol import (
     ResumeFrame,
     parse_client_frame,
 )
+from services.edge.region_overflow import RegionOverflow
 from services.edge.response_store import ResponseStore
 from services.edge.router_link import RefusalLog, RouterLinkServer
 from services.edge.settings import EdgeSettings
@@ -119,6 +120,8 @@ class EdgeService:
             placement.policy, placement.load_bound, settings.engine, prompt_tokens, index, placement.conversations
         )
         self._deadlines = Deadlines(settings.progress_timeout_s, settings.start_timeout_s)
+        # Regions: a chat this region is too full for is relayed to a peer region (region_overflow.py).
+        self.regions = RegionOverflow(settings.regions, self._seal, fleet_load, self.registry)
         self._connections: dict[str, Connection] = {}
         self._socket_writes = EveryNth(self.metrics.hops, Hop.SOCKET_WRITE, SOCKET_WRITE_SAMPLE)  # every connection's
         self._detached: dict[str, tuple[float, int]] = {}  # request id -> (cancel at, epoch)
@@ -133,6 +136,7 @@ class EdgeService:
     async def close_connection(self, conn: Connection, grace: bool = True) -> None:
         """The client is gone; its unfinished streams are cancelled, after a grace period to resume."""
         self._connections.pop(conn.conn_id, None)
+        self.regions.close_connection(conn.conn_id)  # relayed chats cannot be resumed: cancelled at once
         await self.tenancy.end_socket(conn.conn_id)
         if not grace:
             await self._cancel_by_epoch({chat.request_id: chat.epoch for chat in conn.chats()})
@@ -179,9 +183,9 @@ class EdgeService:
     def _check_new_chat(self, conn: Connection, chat_id: str) -> None:
         if self.draining:
             raise ProtocolError(ErrorCode.EDGE_DRAINING, DRAINING, chat_id)
-        if conn.has_chat(chat_id):
+        if conn.has_chat(chat_id) or self.regions.has_chat(conn.conn_id, chat_id):
             raise ProtocolError(ErrorCode.DUPLICATE_ID, f"chat id {chat_id!r} is already in flight on this socket", chat_id)
-        if conn.num_chats() >= self.settings.max_chats_per_connection:
+        if conn.num_chats() + self.regions.num_chats(conn.conn_id) >= self.settings.max_chats_per_connection:
             limit = self.settings.max_chats_per_connection
             raise ProtocolError(ErrorCode.TOO_MANY_CHATS, f"at most {limit} chats in flight per socket", chat_id)
 
@@ -205,6 +209,8 @@ class EdgeService:
         if frame.max_tokens > max(self._prompt_limit.context, wire.DEFAULT_MAX_TOKENS):
             reason = f"max_tokens {frame.max_tokens} is more than the model's context of {self._prompt_limit.context}"
             raise ProtocolError(ErrorCode.INVALID_MESSAGE, reason, frame.id)
+        if await self.regions.place(conn, frame):
+            return  # relayed to a peer region, which admits and serves it
         request_id, resume_token = uuid.uuid4().hex, secrets.token_urlsafe(24)
         # The tenant's tier against the fleet's load, then its limits; from here on it holds a stream slot.
         await self.tenancy.admit_chat(conn.tenant, frame.id, request_id, prompt_tokens, frame.max_tokens)
@@ -252,6 +258,8 @@ class EdgeService:
             raise ProtocolError(ErrorCode.UNAVAILABLE, "the service could not take this chat now; retry", frame.id) from exc
 
     async def cancel_chat(self, conn: Connection, chat_id: str) -> None:
+        if self.regions.cancel(conn.conn_id, chat_id):
+            return  # relayed: the peer region answers with `done`
         chat = conn.chat(chat_id)
         if chat is None:
             raise ProtocolError(ErrorCode.UNKNOWN_ID, f"no chat {chat_id!r} in flight on this socket", chat_id)
@@ -296,7 +304,8 @@ class EdgeService:
 
     # Liveness ----------------------------------------------------------------------------
     def load(self) -> EdgeLoad:
-        return EdgeLoad(len(self._connections), sum(c.num_chats() for c in self._connections.values()))
+        chats = sum(c.num_chats() for c in self._connections.values()) + self.regions.num_chats()
+        return EdgeLoad(len(self._connections), chats)
 
     def worker_gone(self, worker_id: str, died: bool) -> None:
         """Gossip says a worker is gone. One that died ends its streams now; one that left in good
@@ -409,6 +418,7 @@ class EdgeService:
         task.add_done_callback(self._background.discard)
 
     async def aclose(self) -> None:
+        await self.regions.aclose()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

@@ -8,6 +8,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field
 
 from services.edge.placement_settings import PlacementSettings
+from services.edge.region_settings import RegionSettings
 from services.edge.tenancy_settings import TenancySettings
 from shared.models.cache_salt import CacheSharing
 from shared.models.spec import ServedModel
@@ -59,6 +60,7 @@ class EdgeSettings(ServiceSettings, ServedModel):
     clients: ClientLimits = ClientLimits()
     tenancy: TenancySettings = TenancySettings()
     placement: PlacementSettings = PlacementSettings()
+    regions: RegionSettings = RegionSettings()
     engine: CacheSharing = CacheSharing()
     """the workers' prefix-cache isolation (their engine section's cache_isolation and cache_groups, the same flags and variables): placement salts a prompt's block hashes as they do"""
     tenants_file: Path | None = None

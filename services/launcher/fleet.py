@@ -77,8 +77,10 @@ class Fleet:
         echo_logs: bool = True,
         policy: RestartPolicy = RestartPolicy(restart=False),
         say: Callable[[str], None] | None = None,
+        label: str = "",
     ) -> None:
         self.spec = spec
+        self.label = label  # put before each child's name in its log lines ("r1/": one region of several)
         self.log_dir = log_dir
         self.echo_logs = echo_logs
         self.policy = policy
@@ -122,7 +124,7 @@ class Fleet:
                     log_file.write(line)
                     log_file.flush()
                 if self.echo_logs:
-                    sys.stdout.write(f"[{name}] {line.decode(errors='replace')}")
+                    sys.stdout.write(f"[{self.label}{name}] {line.decode(errors='replace')}")
                     sys.stdout.flush()
         finally:
             if log_file:

@@ -37,6 +37,8 @@ class FleetSpec:
     # Per service kind (edge | worker | router), on top of extra_env: each role's own credentials.
     role_env: dict[str, dict[str, str]] = field(default_factory=dict)
     worker_args: tuple[str, ...] = ()
+    # Disaggregated: the last `decode_workers` workers decode, the others prefill; 0: every worker is unified.
+    decode_workers: int = 0
 
     @classmethod
     def at(cls, base_port: int, **fields: object) -> FleetSpec:
@@ -74,6 +76,8 @@ class FleetSpec:
         args = ["--worker-id", worker_id, "--model", self.model, "--metrics.port", str(port)]
         if self.model == ECHO:
             args += ["--echo.delay-ms", str(self.echo_delay_ms)]
+        if self.decode_workers:
+            args += ["--role", "decode" if i >= self.workers - self.decode_workers else "prefill"]
         return ChildSpec(f"worker-{i}", "worker", (*args, *self.worker_args), _health(port), worker_id)
 
     def router(self, i: int) -> ChildSpec:

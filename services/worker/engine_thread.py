@@ -7,11 +7,13 @@ were given; each step's outputs come back to the event loop through `call_soon_t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from services.worker.engine.types import (
     EngineOutput,
@@ -43,7 +45,15 @@ class Wake:
     """Nothing to do but look at the stop flag."""
 
 
-Command = Add | Abort | Wake
+@dataclass(frozen=True)
+class Call:
+    """Run a function of the engine on its thread, between steps (a handoff's bookkeeping)."""
+
+    fn: Callable[[GenerationEngine], Any]
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+Command = Add | Abort | Wake | Call
 
 
 class EngineThread:
@@ -80,6 +90,12 @@ class EngineThread:
         ended here), and a late `cancelled` would be taken for a later arrival of the same request."""
         self._commands.put(Abort(request_id, quiet=True))
 
+    def call(self, fn: Callable[[GenerationEngine], Any]) -> asyncio.Future:
+        """`fn(engine)` on the engine's thread; its result (or what it raised) on the event loop."""
+        command = Call(fn)
+        self._commands.put(command)
+        return asyncio.wrap_future(command.future, loop=self._loop)
+
     def _run(self) -> None:
         while not self._stopping.is_set():
             busy = self._engine.has_unfinished_requests()
@@ -111,6 +127,11 @@ class EngineThread:
             case Abort(request_id, quiet):
                 output = self._engine.abort_request(request_id)
                 return None if quiet else output
+            case Call(fn, future):
+                try:
+                    future.set_result(fn(self._engine))
+                except Exception as exc:  # noqa: BLE001 - the caller's to handle, on its side
+                    future.set_exception(exc)
         return None
 
     def _step(self) -> list[EngineOutput]:

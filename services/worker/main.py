@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+from services.worker.decoder_choice import KV_ADDRESS, decoders_of
 from services.worker.engine.types import GenerationEngine
 from services.worker.service import WorkerService
 from services.worker.settings import WorkerSettings
@@ -41,13 +42,18 @@ def gossiped_load(engine: GenerationEngine) -> dict[str, int | float]:
 async def serve_worker(settings: WorkerSettings, engine: GenerationEngine, health: Health, stopping: asyncio.Event) -> None:
     redis = make_cluster(settings.redis)
     membership = await join_fleet(settings, settings.name, "worker", {}, gossiped_load(engine))
+    addresses: dict[str, str] = {}
 
-    def publish_assignment(partitions: frozenset[int]) -> None:
-        membership.set_addresses({REQUESTS_ADDRESS: format_partitions(partitions)})
+    def publish(name: str, value: str) -> None:
+        addresses[name] = value
+        membership.set_addresses(addresses)
 
     service = WorkerService(
-        settings, engine, RoutingMap(redis), lambda wid: is_alive(membership, wid), health, publish_assignment
-    )
+        settings, engine, RoutingMap(redis), lambda wid: is_alive(membership, wid), health,
+        on_assignment=lambda partitions: publish(REQUESTS_ADDRESS, format_partitions(partitions)),
+        decoders=lambda in_flight: decoders_of(membership.alive("worker"), in_flight),
+        advertise_kv=lambda address: publish(KV_ADDRESS, address),
+    )  # fmt: skip
     service.registry.register(GossipCollector(membership))
     on_departure(membership, "edge", lambda edge_id, died: service.cancel_edge_unless_back(edge_id, membership))
     loading = asyncio.create_task(publish_load(membership, lambda: gossiped_load(engine)))
@@ -63,6 +69,8 @@ async def serve_worker(settings: WorkerSettings, engine: GenerationEngine, healt
 def main(settings: WorkerSettings) -> None:
     setup_logging(settings.log_level, settings.name)
     health = Health("worker", settings.name)
+    if settings.role != "unified" and settings.spec().is_echo:
+        raise SystemExit(f"drivetrain worker: a {settings.role} worker hands KV caches on, and the echo model has none")
     engine = build_engine(settings)
     run_until_signalled(
         lambda stopping: serve_worker(settings, engine, health, stopping),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -54,3 +54,15 @@ class WorkerMetrics:
             "drivetrain_worker_usage_records_total", "Usage records of ended streams, by outcome: sent, lost", ["outcome"], registry=registry
         )
         self.hops = HopTimer(registry, Hop.REQUEST_KAFKA, Hop.WORKER_START)  # shared/hop_timing.py
+        # Disaggregated roles: what the KV link moved (prefill_role.py, kv_receiver.py).
+        self.handoffs = Counter(
+            "drivetrain_worker_handoffs_total", "Prefilled requests by outcome: handed_off, decoded_here, ended; received",
+            ["outcome"], registry=registry,
+        )  # fmt: skip
+        self.kv_link_bytes = Counter(
+            "drivetrain_worker_kv_link_bytes_total", "KV cache bytes over the KV link, by direction: sent, received", ["direction"], registry=registry
+        )
+        self.handoff_seconds = Histogram(
+            "drivetrain_worker_handoff_seconds", "A landed handoff, from connecting to the decode worker to its commit",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=registry,
+        )  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -28,12 +29,15 @@ from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 from services.worker.convert import engine_request
+from services.worker.decode_role import DecodeRole
+from services.worker.decoder_choice import Decoder
 from services.worker.engine.types import (
     EngineOutput,
     Failure,
     FailureCode,
     FinishReason,
     GenerationEngine,
+    HandoffEngine,
     Usage,
 )
 from services.worker.engine_thread import EngineThread
@@ -41,6 +45,7 @@ from services.worker.kv_events import KVEventCollector, publish_kv_events
 from services.worker.metering import WorkerMeter
 from services.worker.metrics import WorkerMetrics
 from services.worker.offset_tracker import OffsetTracker
+from services.worker.prefill_role import PrefillRole
 from services.worker.settings import WorkerSettings
 from services.worker.streams import Stream, StreamRegistry
 from services.worker.token_path import TokenPublisher
@@ -95,11 +100,19 @@ class WorkerService:
         is_alive: Callable[[str], bool],
         health: Health | None = None,
         on_assignment: Callable[[frozenset[int]], None] | None = None,
+        decoders: Callable[[dict[str, int]], list[Decoder]] = lambda in_flight: [],
+        advertise_kv: Callable[[str], None] = lambda address: None,
     ) -> None:
         self.settings = settings
         self.topics = settings.topics
         self.health = health or Health("worker", settings.name)
         self._on_assignment = on_assignment  # told the requests partitions this worker owns (gossip)
+        # Disaggregated roles (prefill_role.py, decode_role.py): whom to hand requests to, where to take them.
+        self._decoders, self._advertise_kv = decoders, advertise_kv
+        self._prefill: PrefillRole | None = None
+        self._decode: DecodeRole | None = None
+        if settings.role != "unified" and not isinstance(engine, HandoffEngine):
+            raise ValueError(f"a {settings.role} worker hands KV caches on; this engine has none (the echo model?)")
         self._seal = Seal(settings.fleet_secret, settings.name)
         self.offsets = OffsetTracker()
         self._engine = engine
@@ -128,24 +141,28 @@ class WorkerService:
         self._tokens = TokenPublisher(producer, self._seal, self.topics.tokens, name, self.settings.token_shards, self._break_streams)
         usage = UsagePublisher(producer, self._seal, self.topics.usage, self.metrics.usage_records)
         self._meter = WorkerMeter(usage, name)  # metering.py: one usage record per stream it ends
-        requests = make_consumer(kafka, client_id=name, group_id=f"{self.topics.prefix}-workers")
-        requests.subscribe([self.topics.requests], listener=_Revocations(self))
+        # A decode worker takes its requests from prefill workers (the KV link), none from Kafka.
+        requests = None if self.settings.role == "decode" else make_consumer(kafka, client_id=name, group_id=f"{self.topics.prefix}-workers")
+        if requests is not None:
+            requests.subscribe([self.topics.requests], listener=_Revocations(self))
         # Every worker must see every control message, so that topic is read without a group.
         control = make_consumer(kafka, self.topics.control, client_id=name, group_id=None, auto_offset_reset="latest")
         await producer.start()
-        await requests.start()
+        if requests is not None:
+            await requests.start()
         await control.start()
-        lag = watch_consumer_lag(requests, self.registry)
+        lag = watch_consumer_lag(requests, self.registry) if requests is not None else None
         self._loop = asyncio.get_running_loop()
         self._engine.start_listener = self._record_starts
         self._thread = EngineThread(self._engine, self._loop, self._outbox.put_nowait)
         kv_events = KVEventCollector()
         self._engine.kv_listener = kv_events  # before the thread starts: the engine reads it there
         self._thread.start()
+        await self._start_role()
         metrics = self.settings.metrics
         try:
             async with status_endpoint(self.registry, self.health, metrics.host, metrics.port), asyncio.TaskGroup() as tasks:
-                consuming = tasks.create_task(self._consume_requests(requests, stopping))
+                consuming = tasks.create_task(self._consume_requests(requests, stopping)) if requests is not None else None
                 rest = [tasks.create_task(self._consume_control(control)), tasks.create_task(self._publish_outputs())]
                 rest.append(tasks.create_task(self._publish_kv_events(kv_events)))
                 await stopping.wait()
@@ -154,17 +171,42 @@ class WorkerService:
                     task.cancel()
         finally:
             self.health.set(Lifecycle.STOPPED)
-            lag.cancel()
+            if lag is not None:
+                lag.cancel()
             for task in self._background:
                 task.cancel()
+            await self._stop_role()
             self._thread.stop()
             for client in (requests, control):
                 with contextlib.suppress(Exception):
-                    await client.stop()
+                    if client is not None:
+                        await client.stop()
             await producer.stop()
 
+    # Roles ---------------------------------------------------------------------------------------
+    async def _start_role(self) -> None:
+        name, secret, link = self.settings.name, self.settings.fleet_secret, self.settings.kv_link
+        engine = self._engine
+        if self.settings.role != "unified":
+            log.info("worker %s runs as a %s worker", name, self.settings.role)
+        if self.settings.role == "prefill":
+            self._prefill = PrefillRole(name, secret, link, self._thread, engine.read_kv_layer, self._decoders, self._streams, self._tokens, self.metrics)
+        elif self.settings.role == "decode":
+            self._decode = DecodeRole(
+                name, secret, link, self._thread, engine.write_kv_layer, engine.kv_layout, self._streams, self._tokens, self._cancelled,
+                self.metrics,
+            )
+            self._advertise_kv(await self._decode.start())
+            self.announce_serving()  # it owns no partitions: it serves once it listens
+
+    async def _stop_role(self) -> None:
+        if self._prefill is not None:
+            self._prefill.stop()
+        if self._decode is not None:
+            await self._decode.stop()
+
     # Draining -----------------------------------------------------------------------------
-    async def _drain(self, requests: AIOKafkaConsumer, consuming: asyncio.Task) -> None:
+    async def _drain(self, requests: AIOKafkaConsumer | None, consuming: asyncio.Task | None) -> None:
         """Take nothing new, hand back what has not started, finish what runs, within the drain timeout.
 
         The requests consumer leaves its group now, so the partitions move at once and their
@@ -174,14 +216,17 @@ class WorkerService:
         only after this returns, so no edge takes a finished stream for a lost one.
         """
         log.info("worker %s draining: %d streams running", self.settings.name, len(self._streams.active))
-        await consuming
-        if moves := self.offsets.committable():
+        if requests is not None and consuming is not None:
+            await consuming
+            if moves := self.offsets.committable():
+                with contextlib.suppress(Exception):
+                    await requests.commit(moves)
+            self.drop_unstarted(self.offsets.forget_partitions(set(requests.assignment())))
             with contextlib.suppress(Exception):
-                await requests.commit(moves)
-        self.drop_unstarted(self.offsets.forget_partitions(set(requests.assignment())))
-        with contextlib.suppress(Exception):
-            await requests.stop()  # leaves the group: a rebalance, not a session timeout
-        self.assignment_changed(set())
+                await requests.stop()  # leaves the group: a rebalance, not a session timeout
+            self.assignment_changed(set())
+        elif self._decode is not None:
+            await self._decode.stop()  # takes no more handoffs
         deadline = time.monotonic() + self.settings.drain_timeout_s
         while self._streams.active and time.monotonic() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
@@ -281,6 +326,9 @@ class WorkerService:
             self._outbox.put_nowait([EngineOutput(chat.request_id, failure=failure)])
             return None
         self.metrics.requests.inc()
+        if self._prefill is not None and request.constraint is None and chat.max_tokens > 1:
+            stream.request = chat  # handed on with its KV once its first token is out
+            request = dataclasses.replace(request, handoff=True)
         self._thread.add(request)
         return chat.request_id
 
@@ -405,10 +453,13 @@ class WorkerService:
             now = time.time()
             by_edge: dict[str, list[wire.Event]] = defaultdict(list)
             epochs: dict[str, dict[str, int]] = defaultdict(dict)
+            handoffs = []
             for output in outputs:
                 stream = self._streams.active.get(output.request_id)
                 if stream is None:
                     continue  # dropped or finished: nothing more may be said about it
+                if output.handoff is not None and self._prefill is not None:
+                    handoffs.append((stream, output.handoff))
                 first = stream.next_seq == 0
                 by_edge[stream.edge_id].extend(stream.events_for(output))
                 if first and stream.next_seq and stream.consumed_at:
@@ -423,6 +474,8 @@ class WorkerService:
                 self.metrics.tokens.inc(sum(isinstance(e, wire.Token) for e in events))
                 self.metrics.batches.inc()
                 await self._tokens.send(edge_id, events, epochs[edge_id])
+            for stream, ready in handoffs:  # after its first token went out
+                self._prefill.start(stream, ready)
 
     def _break_streams(self, request_ids: list[str]) -> None:
         """Kafka lost some of these streams' events: they end here, and their edges are told (token_path.py)."""

@@ -10,6 +10,7 @@ import secrets
 import socket
 
 from services.worker.engine.settings import EngineSettings
+from services.worker.kv_link_settings import KVLinkSettings, WorkerRole
 from shared.models.spec import ServedModel
 from shared.service_settings import MetricsSettings, ServiceSettings
 from shared.settings import Section
@@ -33,6 +34,8 @@ class WorkerSettings(ServiceSettings, ServedModel):
 
     worker_id: str = ""
     """unique name of this worker; empty: worker-HOST-PID-RANDOM. Never reuse a dead worker's name"""
+    role: WorkerRole = "unified"
+    """unified: prefill and decode here; prefill: take requests from Kafka, compute each prompt and its first token, then hand it to a decode worker over the KV link; decode: take handed-off requests from the KV link only"""
     device: str = "auto"
     """cpu | cuda | auto (CUDA when available); the weights' dtype is engine.dtype"""
     token_shards: int = 4
@@ -47,6 +50,7 @@ class WorkerSettings(ServiceSettings, ServedModel):
     """how often the prefix-cache blocks stored and evicted since the last time go to the kv-events topic, for edges to place requests by; 0 publishes none"""
     echo: EchoSettings = EchoSettings()
     engine: EngineSettings = EngineSettings()
+    kv_link: KVLinkSettings = KVLinkSettings()
     metrics: MetricsSettings = MetricsSettings()
 
     @property

@@ -25,6 +25,7 @@ class Stream:
     log: list[wire.Event] = field(default_factory=list)
     usage: UsageContext | None = None  # who is billed for it, once it has reached the engine
     consumed_at: float = 0.0  # when its request was taken from Kafka (unix seconds): times the start
+    request: wire.ChatRequest | None = None  # kept by a prefill worker, to hand the request on with its KV
 
     def events_for(self, output: EngineOutput) -> list[wire.Event]:
         """The output as the next seq-numbered events, kept for a replay."""
@@ -54,6 +55,18 @@ class StreamRegistry:
         stream = self.active.pop(request_id, None)
         if stream is not None:
             self._ended[request_id] = stream
+
+    def adopt(self, request_id: str, edge_id: str, epoch: int, events: list[wire.Event]) -> Stream:
+        """A stream another worker began and handed over (a decode worker's): its seq goes on after `events`."""
+        stream = self.open(request_id, edge_id)
+        stream.epoch = epoch
+        stream.log = list(events)
+        stream.next_seq = sum(isinstance(e, wire.Token) for e in events)
+        return stream
+
+    def forget(self, request_id: str) -> None:
+        """The stream is another worker's now: this one neither replays nor cancels it."""
+        self.active.pop(request_id, None)
 
     def find(self, request_id: str) -> Stream | None:
         return self.active.get(request_id) or self._ended.get(request_id)

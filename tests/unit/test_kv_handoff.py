@@ -14,7 +14,12 @@ from services.worker.engine.kv_cache_manager import cdiv
 from services.worker.engine.llm_engine import LLMEngine
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.settings import EngineSettings
-from services.worker.engine.types import EngineOutput, EngineRequest, HandoffReady, Message
+from services.worker.engine.types import (
+    EngineOutput,
+    EngineRequest,
+    HandoffReady,
+    Message,
+)
 from services.worker.engine.weights import load_model
 from shared.models.spec import resolve_model
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from services.worker.engine.block_pool import KVCacheListener
 from services.worker.engine.sampling_params import SamplingParams
@@ -203,3 +203,26 @@ class GenerationEngine(Protocol):
         """Every request the engine holds, running or waiting."""
 
     def load(self) -> EngineLoad: ...
+
+
+@runtime_checkable
+class HandoffEngine(Protocol):
+    """An engine whose requests can move to another engine after their prefill (kv_handoffs.py):
+    the model engine. A prefill or decode worker needs one."""
+
+    @property
+    def kv_layout(self) -> KVLayout: ...
+
+    def read_kv_layer(self, request_id: str, layer: int, first_block: int) -> tuple[bytes, bytes]: ...
+
+    def write_kv_layer(self, request_id: str, layer: int, k: bytes, v: bytes) -> None: ...
+
+    def release_handoff(self, request_id: str) -> None: ...
+
+    def resume_handoff(self, request_id: str) -> bool: ...
+
+    def reserve_import(self, request: EngineRequest, prompt_token_ids: list[int], output_token_ids: list[int]) -> int | None: ...
+
+    def commit_import(self, request_id: str, cached_tokens: int) -> None: ...
+
+    def cancel_import(self, request_id: str) -> None: ...
