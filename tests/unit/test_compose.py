@@ -131,3 +131,18 @@ def test_docker_compose_validates_the_secure_overlay_with_every_secret_of_the_ex
     env_file.write_text("".join(f"{name}=v\n" for name in names if name != "KAFKA_EDGE_PASSWORD"))
     refused = docker_compose(["--env-file", str(env_file), *files], {})
     assert refused.returncode != 0 and "KAFKA_EDGE_PASSWORD" in refused.stderr
+
+
+DISAGGREGATED = yaml.safe_load((COMPOSE_DIR / "docker-compose.disaggregated.yml").read_text())["services"]
+
+
+def test_the_disaggregated_overlay_runs_a_prefill_and_a_decode_worker_with_real_settings():
+    known = {doc.env for doc in setting_docs(WorkerSettings)}
+    assert DISAGGREGATED["worker"]["environment"] == {"DRIVETRAIN_ROLE": "prefill"}
+    decode = DISAGGREGATED["decode-worker"]
+    assert decode["command"] == SERVICES["worker"]["command"] and set(decode["environment"]) <= known
+    settings = WorkerSettings(role=decode["environment"]["DRIVETRAIN_ROLE"], kv_link={"host": "0.0.0.0", "port": 9300})
+    assert settings.role == "decode" and decode["environment"]["DRIVETRAIN_KV_LINK_PORT"] == str(settings.kv_link.port)
+    files = ["-f", str(COMPOSE_DIR / "docker-compose.yml"), "-f", str(COMPOSE_DIR / "docker-compose.disaggregated.yml")]
+    done = docker_compose(files, {"DRIVETRAIN_GOSSIP_SECRET": "x" * 32})
+    assert done.returncode == 0, done.stderr
