@@ -71,14 +71,17 @@ def test_running_decodes_go_before_an_older_request_still_in_prefill():
 def test_chunked_prefill_splits_a_long_prompt_with_right_positions_and_blocks():
     scheduler = make_scheduler(max_batch_tokens=16)
     request = add(scheduler, "a", 40)
-    outputs = [step(scheduler, token=7) for _ in range(3)]
+    outputs, tables = [], []
+    for _ in range(3):
+        outputs.append(step(scheduler, token=7))
+        tables.append(list(outputs[-1].chunks[0].block_ids))  # a step's table is the live one: valid for that step
     assert [shape(o) for o in outputs] == [
         [("a", 0, 16, False)],
         [("a", 16, 16, False)],
         [("a", 32, 8, True)],
     ]
     assert outputs[1].chunks[0].token_ids == list(range(16, 32))
-    assert [o.chunks[0].block_ids for o in outputs] == [[1], [1, 2], [1, 2, 3]]
+    assert tables == [[1], [1, 2], [1, 2, 3]]
     assert request.output_token_ids == [7]
     assert request.num_computed_tokens == 40
 

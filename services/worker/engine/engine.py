@@ -63,7 +63,7 @@ def resolve(settings: EngineSettings, max_model_len: int, device: torch.device) 
     return scheduler, runner
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestUpdate:
     """What one step did for one request."""
 
@@ -223,17 +223,19 @@ class Engine:
             self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ERROR)
             self.grammars.remove(request_id)
         self.scheduler.update_from_output(out, sampled.tokens)
+        # Once per running request per step: locals, not attribute lookups, at hundreds of requests.
+        requests, tokens, all_logprobs = self.scheduler.requests, sampled.tokens, sampled.logprobs
         for chunk in out.chunks:
-            request = self.scheduler.get_request(chunk.request_id)
+            request = requests.get(chunk.request_id)
             if not chunk.sample or request is None:
                 continue  # a prompt chunk with more to come, or failed / aborted meanwhile
-            token = sampled.tokens[chunk.request_id]
+            token = tokens[chunk.request_id]
             reason = self._stop_reason(request, token)
             if reason is not None:
                 self.finish_request(request.request_id, reason)
             handoff = self.handoffs.park(request) if reason is None and request.handoff else None
             # An end token (EOS, a stop token id) is no text of the reply: it has no logprob entry, as in OpenAI's.
-            lp = sampled.logprobs.get(chunk.request_id)
+            lp = all_logprobs.get(chunk.request_id) if all_logprobs else None
             logprobs = [lp] if lp is not None and not self._is_end_token(request, token) else []
             updates.append(RequestUpdate(request.request_id, [token], reason, logprobs=logprobs, handoff=handoff))
         return updates
@@ -243,7 +245,7 @@ class Engine:
         return token in sampling.stop_token_ids or (token in self.eos_token_ids and not sampling.ignore_eos)
 
     def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
-        grammar_complete = self.grammars.accept(request.request_id, token)
+        grammar_complete = bool(self.grammars) and self.grammars.accept(request.request_id, token)
         # Before min_tokens the sampler masked these, so reaching one means the request may end.
         if self._is_end_token(request, token):
             return FinishReason.STOP

@@ -135,6 +135,11 @@ class KVCacheManager:
         self.req_to_block_ids.pop(request.request_id, None)
         self.block_pool.free_blocks(reversed(blocks))
 
+    def block_table(self, request: Request) -> list[int]:
+        """The request's block table itself, not a copy: read it, never change it, within the step
+        that asked (the next allocation may grow it)."""
+        return self.req_to_block_ids.get(request.request_id, [])
+
     def get_block_ids(self, request: Request) -> list[int]:
         """A copy of the request's block table (block ids in position order)."""
         return list(self.req_to_block_ids.get(request.request_id, ()))

@@ -75,7 +75,7 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, pad_to: int = 0) -> St
     """Host tensors for a non-empty step. pad_to > number of chunks appends one-token padding
     sequences (slot -1: nothing written; context 1 of the null block) for a captured graph."""
     chunks = out.chunks
-    lens = np.array([c.num_tokens for c in chunks] + [1] * max(0, pad_to - len(chunks)), dtype=np.int64)
+    lens = np.array([len(c.token_ids) for c in chunks] + [1] * max(0, pad_to - len(chunks)), dtype=np.int64)
     num_seqs, num_real = len(lens), len(chunks)
     cu_seqlens = np.zeros(num_seqs + 1, dtype=np.int64)
     np.cumsum(lens, out=cu_seqlens[1:])
@@ -113,7 +113,7 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, pad_to: int = 0) -> St
         sample_rows=torch.from_numpy(cu_seqlens[1:][sampled] - 1),
         sample_ids=[chunks[i].request_id for i in sampled],
         sampling=[chunks[i].sampling for i in sampled],
-        sample_positions=[int(context_lens[i]) for i in sampled],
+        sample_positions=context_lens[sampled].tolist(),
         histories=[chunks[i].history for i in sampled],
         prompt_lens=[chunks[i].num_prompt_tokens for i in sampled],
     )

@@ -44,12 +44,12 @@ class SchedulerConfig:
             raise ValueError("long_prefill_token_threshold must be >= 0 (0 = off)")
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledChunk:
     request_id: str
     token_ids: list[int]  # the tokens whose KV this step computes
     start_position: int  # position of token_ids[0]; KV of earlier positions is cached
-    block_ids: list[int]  # the request's whole block table
+    block_ids: list[int]  # the request's whole block table: the live list, read-only, valid for this step
     sample: bool  # the chunk reaches the end of the known tokens: sample the next one
     sampling: SamplingParams = DEFAULT_SAMPLING
     history: Sequence[int] = ()  # the request's tokens so far (prompt, then output), for penalties
@@ -60,7 +60,7 @@ class ScheduledChunk:
         return len(self.token_ids)
 
 
-@dataclass
+@dataclass(slots=True)
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     # Requests that lost their blocks this step, and those finished or aborted since
@@ -74,7 +74,7 @@ class SchedulerOutput:
         return not self.chunks
 
 
-@dataclass
+@dataclass(slots=True)
 class _StepPlan:
     """What one call of schedule() has decided so far."""
 
@@ -215,12 +215,15 @@ class Scheduler:
 
     def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:
         """Record a finished step: advance computed tokens, cache full blocks, append samples."""
+        block_size = self.kv_cache_manager.block_size
         for chunk in output.chunks:
             request = self.requests.get(chunk.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
-            request.num_computed_tokens = chunk.start_position + chunk.num_tokens
-            self.kv_cache_manager.cache_blocks(request)
+            start = chunk.start_position
+            request.num_computed_tokens = end = start + len(chunk.token_ids)
+            if end // block_size > start // block_size:  # a block filled up: it may enter the prefix cache
+                self.kv_cache_manager.cache_blocks(request)
             if chunk.sample:
                 if chunk.request_id not in sampled:
                     raise KeyError(f"no sampled token for request {chunk.request_id}")
@@ -236,7 +239,8 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
-            num_new = self._chunk_size(request.num_tokens - request.num_computed_tokens, plan.budget)
+            remaining = request.num_tokens - request.num_computed_tokens
+            num_new = 1 if remaining == 1 else self._chunk_size(remaining, plan.budget)  # a decode: one token
             if num_new > 0 and self._allocate_or_preempt(request, num_new, plan):
                 plan.add(request, num_new)
 
@@ -330,7 +334,7 @@ class Scheduler:
             request_id=request.request_id,
             token_ids=request.all_token_ids[start:end],
             start_position=start,
-            block_ids=self.kv_cache_manager.get_block_ids(request),
+            block_ids=self.kv_cache_manager.block_table(request),
             sample=end == request.num_tokens,
             sampling=request.sampling,
             history=request.all_token_ids,
