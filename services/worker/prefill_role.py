@@ -107,6 +107,10 @@ class PrefillRole:
         except _Gone:
             outcome = Outcome.ENDED
             await self._thread.call(lambda e: e.release_handoff(request_id))
+        except Exception:  # noqa: BLE001 - a bug here must not leave the request parked for good
+            log.exception("handoff of %s failed; decoding it here", request_id)
+            if not await self._thread.call(lambda e: e.resume_handoff(request_id)):
+                outcome = Outcome.ENDED
         finally:
             self._metrics.handoffs.labels(outcome.value).inc()
             log.debug("handoff of %s: %s", request_id, outcome)
@@ -160,7 +164,10 @@ class PrefillRole:
         if 0 <= have < len(ready.block_ids):
             for layer in range(ready.layout.num_layers):
                 self._check_alive(stream)
-                k, v = await asyncio.to_thread(self._read_layer, ready.request_id, layer, have)
+                try:
+                    k, v = await asyncio.to_thread(self._read_layer, ready.request_id, layer, have)
+                except KeyError as exc:  # no longer parked: cancelled, or dropped with its stream
+                    raise _Gone(ready.request_id) from exc
                 digest.update(k)
                 digest.update(v)
                 await link.send(LayerKV(layer, k, v))

@@ -64,6 +64,7 @@ class Worker:
     tokens: RecordedTokens
     metrics: WorkerMetrics
     outputs: asyncio.Queue
+    registry: CollectorRegistry
 
     @property
     def free_blocks(self) -> int:
@@ -88,7 +89,9 @@ def make_worker() -> Callable[..., Worker]:
         thread = EngineThread(engine, asyncio.get_running_loop(), outputs.put_nowait)
         thread.start()
         threads.append(thread)
-        return Worker(engine, thread, StreamRegistry(60), RecordedTokens(), WorkerMetrics(CollectorRegistry(), engine.load), outputs)
+        registry = CollectorRegistry()
+        metrics = WorkerMetrics(registry, engine.load)
+        return Worker(engine, thread, StreamRegistry(60), RecordedTokens(), metrics, outputs, registry)
 
     yield make
     for thread in threads:
@@ -246,3 +249,22 @@ async def test_a_peer_without_the_fleet_secret_or_with_garbage_gets_nowhere(make
     writer.close()
     assert receiver.engine.request_ids() == [] and receiver.streams.active == {}
     await decoder.stop()
+
+
+async def test_a_parked_request_that_vanishes_under_its_handoff_ends_it_without_a_trace(make_worker):
+    sender, receiver = make_worker(), make_worker()
+    free = sender.free_blocks, receiver.free_blocks
+    decoder = decode_role(receiver)
+    role = prefill_role(sender, [decoder_at(await decoder.start())])
+    ready = next(o.handoff for o in await prefill(sender, None) if o.handoff is not None)
+    await sender.thread.call(lambda e: e.release_handoff("r1"))  # the engine let it go; the stream does not know yet
+    role.start(sender.streams.active["r1"], ready)
+    await settle(lambda: value(sender, "ended") == 1)
+    assert value(sender, "handed_off") == value(sender, "decoded_here") == 0
+    assert not any(isinstance(e, wire.HandedOff) for _, e in sender.tokens.sent)
+    await settle(lambda: (sender.free_blocks, receiver.free_blocks) == free and receiver.engine.request_ids() == [])
+    await decoder.stop()
+
+
+def value(worker: Worker, outcome: str) -> float:
+    return worker.registry.get_sample_value("drivetrain_worker_handoffs_total", {"outcome": outcome}) or 0.0
