@@ -8,6 +8,7 @@ them all together: 8080 gives 9180 and 7946, the defaults.
 
 from __future__ import annotations
 
+import os
 import secrets
 from dataclasses import dataclass, field
 
@@ -76,6 +77,8 @@ class FleetSpec:
         args = ["--worker-id", worker_id, "--model", self.model, "--metrics.port", str(port)]
         if self.model == ECHO:
             args += ["--echo.delay-ms", str(self.echo_delay_ms)]
+        else:  # the workers of one machine split its cores: oversubscribed, every small op waits for a core
+            args += ["--engine.cpu-threads", str(max(1, (os.cpu_count() or 1) // self.workers))]
         if self.decode_workers:
             args += ["--role", "decode" if i >= self.workers - self.decode_workers else "prefill"]
         return ChildSpec(f"worker-{i}", "worker", (*args, *self.worker_args), _health(port), worker_id)

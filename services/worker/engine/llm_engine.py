@@ -242,6 +242,8 @@ def load_engine_model(spec: ModelSpec, settings: EngineSettings, device: torch.d
     """The spec's model in the settings' dtype and quantization, and its tokenizer."""
     if settings.quantization != "none" and device.type != "cpu":
         raise ModelError(f"{settings.quantization} quantization runs on a CPU; {device} serves bfloat16")
+    if device.type == "cpu" and settings.cpu_threads:
+        torch.set_num_threads(settings.cpu_threads)
     dtype = None if settings.dtype == "auto" else getattr(torch, settings.dtype)
     model, tokenizer = load_model(spec, device, dtype)
     if settings.quantization == "int8":

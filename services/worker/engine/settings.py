@@ -50,6 +50,8 @@ class EngineSettings(CacheSharing):
     """weights and KV cache; auto: bfloat16 on a GPU, float32 on a CPU"""
     quantization: Literal["none", "int8"] = "none"
     """CPU: weight-only int8 for the projections and the output layer, a quarter of float32's bytes read per token"""
+    cpu_threads: int = Field(default=0, ge=0)
+    """CPU: threads for the model's math; 0: torch's default, one per core. Workers sharing a machine should split its cores (drivetrain up does): more threads than cores make every small operation wait"""
     fair_share: Literal["vtc", "fcfs"] = "vtc"
     """order of waiting requests: weighted virtual token counters between tenants (vtc), or arrival order (fcfs)"""
     vtc_output_weight: Annotated[float, Field(ge=0.0)] = 2.0
