@@ -223,7 +223,8 @@ def _up(args: argparse.Namespace) -> int:
         print(f"\n{exc}; stopping", file=sys.stderr, flush=True)
         return 1
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C or SIGTERM must not cut the shutdown short
+            signal.signal(sig, signal.SIG_IGN)
         fleet.stop()
     return 0
 
