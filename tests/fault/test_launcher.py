@@ -179,9 +179,11 @@ async def test_a_killed_worker_and_router_are_restarted_while_the_fleet_serves(u
     assert len([c for c in chats if c.started_at > killed_at]) > 5
 
 
-async def test_sigterm_stops_every_child(up: Launcher):
+async def test_sigterm_stops_every_child_even_when_sent_twice(up: Launcher):
     pids = {name: up.serving_pid(url) for name, url in children_urls().items()}
     up.process.send_signal(signal.SIGTERM)
+    await asyncio.sleep(0.5)
+    up.process.send_signal(signal.SIGTERM)  # an impatient supervisor: the shutdown still runs to its end
     assert up.process.wait(60) == 0
     assert [name for name, pid in pids.items() if pid_alive(pid)] == []
     assert all(health(url) is None for url in children_urls().values())
