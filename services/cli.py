@@ -196,6 +196,9 @@ def _up(args: argparse.Namespace) -> int:
     from services.launcher.spec import FleetSpec
     from shared.infra.command import create_topics, ensure_up
 
+    if args.decode_workers and not 0 < args.decode_workers < args.workers:
+        print("drivetrain up: --decode-workers must leave at least one of --workers to prefill", file=sys.stderr)
+        return 2
     infra = ensure_up()
     # The fleet's own topics, whatever prefix DRIVETRAIN_TOPICS_PREFIX gives it.
     create_topics(infra, from_environment(ServiceSettings).topics)
