@@ -8,12 +8,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from services.launcher.regions import (
     LocalRegion,
@@ -25,6 +23,7 @@ from services.launcher.regions import (
 )
 from shared.chat_client import ChatSocket
 from tests.conftest import RESUME_GRACE_S, TEST_PORT
+from tests.integration.test_metrics import scrape, value
 
 ADDED_DELAY_MS = 35.0
 SUMMARY_INTERVAL_S = 0.5
@@ -57,18 +56,8 @@ def regions(infra, fleet_logs) -> Iterator[RegionFleets]:
     drop_region_topics(infra, layout, summary_topic)
 
 
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
 def metric(port: int, name: str, **labels: str) -> float:
-    return scrape(port).get((name, tuple(sorted(labels.items()))), 0.0)
+    return value(scrape(port), name, **labels)
 
 
 def edge_port(fleets: RegionFleets, region: int) -> int:

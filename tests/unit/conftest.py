@@ -5,6 +5,17 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """The test machine's cores are shared: one intra-op thread avoids OpenMP contention."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def faulty_runner():
     """A ModelRunner that raises whenever a step includes the request named `bad`, as a corrupt input would."""

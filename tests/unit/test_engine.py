@@ -26,13 +26,7 @@ from shared.models.spec import context_length, resolve_model
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The test machine's cores are shared: one intra-op thread avoids OpenMP contention.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_tiny_fixture_output_depends_on_early_context(tiny: LlamaModel) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 from services.worker.engine.engine import Engine
 from services.worker.engine.kv_cache_manager import cdiv
@@ -29,12 +28,7 @@ SETTINGS = EngineSettings(num_kv_blocks=64, block_size=8)
 PROMPT = "Tell me a long story about the sea, the wind and a lighthouse keeper who never slept."
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

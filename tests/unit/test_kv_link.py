@@ -11,7 +11,6 @@ import hashlib
 from collections.abc import Callable
 
 import pytest
-import torch
 from cachetools import TTLCache
 from prometheus_client import CollectorRegistry
 
@@ -71,12 +70,7 @@ class Worker:
         return self.engine.load().free_kv_blocks
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from services import cli
 from services.worker.engine.engine import Engine
@@ -24,13 +23,7 @@ from shared.models.spec import resolve_model
 SAMPLED = SamplingParams(max_tokens=12, temperature=1.0, seed=11)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The test machine's cores are shared: one intra-op thread avoids OpenMP contention.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture
