@@ -10,6 +10,7 @@ import torch
 from llguidance import LLMatcher
 
 from services.worker.engine.block_pool import KVCacheListener
+from services.worker.engine.cpu_linear import use_cpu_linear_
 from services.worker.engine.detokenizer import IncrementalDetokenizer
 from services.worker.engine.engine import Engine, RequestUpdate
 from services.worker.engine.grammar_compiler import GrammarCompiler, GrammarQueue
@@ -248,6 +249,8 @@ def load_engine_model(spec: ModelSpec, settings: EngineSettings, device: torch.d
     model, tokenizer = load_model(spec, device, dtype)
     if settings.quantization == "int8":
         quantize_int8_(model)
+    elif device.type == "cpu" and next(model.parameters()).dtype == torch.float32:
+        use_cpu_linear_(model)  # float32 GEMM of a decode step's few rows, in its faster order
     return model, tokenizer
 
 
