@@ -7,6 +7,7 @@ Each test session works under its own topic prefix, so leftovers of earlier runs
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -56,6 +57,27 @@ def fleet_logs(tmp_path_factory) -> Path:
 
 def fleet_env(topics: TopicLayout) -> dict[str, str]:
     return {"DRIVETRAIN_TOPICS_PREFIX": topics.prefix, "DRIVETRAIN_RESUME_GRACE_S": str(RESUME_GRACE_S)}
+
+
+async def eventually(check: Callable[[], bool], within_s: float = 10.0, what: str = "the condition") -> None:
+    """Until `check()` holds; fails naming `what` if it does not within `within_s`."""
+    deadline = time.monotonic() + within_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not reached within {within_s} s"
+        await asyncio.sleep(0.05)
+
+
+async def gossip_until(fleet: Fleet, topics: TopicLayout, ready: Callable[[list[dict]], bool], what: str,
+                       within_s: float = 30.0) -> None:  # fmt: skip
+    """Until the first edge's gossip view (its member rows) satisfies `ready`."""
+    from shared.membership import query_members
+
+    config = MembershipSettings(cluster_name=topics.prefix)
+    deadline = time.monotonic() + within_s
+    while not ready(await query_members(("127.0.0.1", fleet.spec.base_gossip_port), config)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} never showed in gossip")
+        await asyncio.sleep(0.2)
 
 
 def start_fleet(topics: TopicLayout, log_dir: Path, **spec: object) -> Fleet:

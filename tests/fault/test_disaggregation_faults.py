@@ -13,7 +13,7 @@ import pytest
 
 from services.launcher.fleet import Fleet
 from shared.chat_client import ChatResult, ChatSocket
-from tests.conftest import start_fleet
+from tests.conftest import eventually, start_fleet
 from tests.integration.test_metrics import scrape, value
 
 PROMPT = "Write down every number you know, one after the other, and never stop."
@@ -38,13 +38,6 @@ def make_pair(topics, fleet_logs) -> Iterator[Callable[..., Fleet]]:
 
 def metric(fleet: Fleet, worker: int, name: str, **labels: str) -> float:
     return value(scrape(fleet.spec.worker_metrics_port(worker)), name, **labels)
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.1)
 
 
 async def decoder_ready(fleet: Fleet) -> None:

@@ -5,7 +5,6 @@ moved are the KV of the prompt's blocks (fewer once the decode worker holds the 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 
@@ -19,10 +18,9 @@ from services.worker.engine.settings import EngineSettings
 from services.worker.engine.types import EngineRequest, Message
 from shared import wire
 from shared.chat_client import ChatSocket
-from shared.membership import MembershipSettings, query_members
 from shared.models.shapes import SHAPES
 from shared.models.spec import resolve_model
-from tests.conftest import KafkaTap, start_fleet
+from tests.conftest import KafkaTap, gossip_until, start_fleet
 from tests.integration.test_metrics import scrape, value
 
 QUESTION = "Tell me about the lighthouse keeper who watched the ships come in through the winter storms."
@@ -37,15 +35,11 @@ def disaggregated(topics, fleet_logs) -> Iterator[Fleet]:
     fleet.stop()
 
 
-async def decoder_known(fleet: Fleet, topics, timeout: float = 30.0) -> None:
-    config = MembershipSettings(cluster_name=topics.prefix)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = await query_members(("127.0.0.1", fleet.spec.base_gossip_port), config)
-        if any(r["addresses"].get(KV_ADDRESS) for r in rows if r["role"] == "worker"):
-            return
-        await asyncio.sleep(0.2)
-    raise TimeoutError("no decode worker showed in gossip")
+async def decoder_known(fleet: Fleet, topics) -> None:
+    def decoder(rows: list[dict]) -> bool:
+        return any(r["addresses"].get(KV_ADDRESS) for r in rows if r["role"] == "worker")
+
+    await gossip_until(fleet, topics, decoder, "a decode worker")
 
 
 def one_engine_alone(text: str) -> str:

@@ -13,9 +13,8 @@ from aiokafka import AIOKafkaProducer
 from services.launcher.fleet import Fleet
 from shared import wire
 from shared.chat_client import ChatSocket
-from shared.membership import MembershipSettings, query_members
 from shared.partition_owners import REQUESTS_ADDRESS, parse_partitions
-from tests.conftest import FLEET_SEAL, KafkaTap, start_fleet
+from tests.conftest import FLEET_SEAL, KafkaTap, gossip_until, start_fleet
 
 DOCUMENT = (
     "is a short text about rivers, bridges and the towns beside them. It tells how the water rises in spring, "
@@ -30,17 +29,14 @@ def tiny_fleet(topics, fleet_logs) -> Iterator[Fleet]:
     fleet.stop()
 
 
-async def owners_known(fleet: Fleet, topics, timeout: float = 30.0) -> None:
+async def owners_known(fleet: Fleet, topics) -> None:
     """Until the edge's gossip carries both workers' share of the requests partitions."""
-    config = MembershipSettings(cluster_name=topics.prefix)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = await query_members(("127.0.0.1", fleet.spec.base_gossip_port), config)
+
+    def whole(rows: list[dict]) -> bool:
         owned = [parse_partitions(r["addresses"].get(REQUESTS_ADDRESS, "")) for r in rows if r["role"] == "worker"]
-        if len(owned) == 2 and all(owned) and sum(map(len, owned)) == topics.requests_partitions:
-            return
-        await asyncio.sleep(0.2)
-    raise TimeoutError("the workers' partitions never showed in gossip")
+        return len(owned) == 2 and all(owned) and sum(map(len, owned)) == topics.requests_partitions
+
+    await gossip_until(fleet, topics, whole, "the workers' partitions")
 
 
 async def ask(sock: ChatSocket, chat_id: str, document: int, question: str) -> tuple[str, dict]:

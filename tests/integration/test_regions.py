@@ -5,7 +5,6 @@ relayed stream ends at once with a retryable error, and the next chat stays in r
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 import uuid
@@ -22,7 +21,7 @@ from services.launcher.regions import (
     region_fleets,
 )
 from shared.chat_client import ChatSocket
-from tests.conftest import RESUME_GRACE_S, TEST_PORT
+from tests.conftest import RESUME_GRACE_S, TEST_PORT, eventually
 from tests.integration.test_metrics import scrape, value
 
 ADDED_DELAY_MS = 35.0
@@ -64,19 +63,12 @@ def edge_port(fleets: RegionFleets, region: int) -> int:
     return fleets.regions[region].spec.base_port
 
 
-async def until(check, within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not check():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
 async def overflowing(regions) -> RegionFleets:
     """Region 1 knows its own worker (so it is at its overflow load) and region 2's room."""
     r1 = edge_port(regions, 0)
-    await until(lambda: metric(r1, "drivetrain_edge_region_load") >= 0, 20, "region 1 never knew its worker")
-    await until(lambda: 0 <= metric(r1, "drivetrain_edge_region_peer_load", region="r2") < 0.9, 20, "region 1 never heard of r2")
+    await eventually(lambda: metric(r1, "drivetrain_edge_region_load") >= 0, 20, "region 1 never knew its worker")
+    await eventually(lambda: 0 <= metric(r1, "drivetrain_edge_region_peer_load", region="r2") < 0.9, 20, "region 1 never heard of r2")
     return regions
 
 

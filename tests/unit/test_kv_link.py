@@ -39,6 +39,7 @@ from shared import wire
 from shared.framing import connect_edge
 from shared.link_auth import LinkKeys
 from shared.models.spec import resolve_model
+from tests.conftest import eventually
 
 SECRET = b"fleet-secret-for-the-kv-link-tests"
 LINK = KVLinkSettings(timeout_s=2.0)
@@ -141,14 +142,6 @@ async def one_engine_alone(make_worker) -> str:
     return "".join(o.text for o in await serve(alone, None, "finished"))
 
 
-async def settle(check: Callable[[], bool]) -> None:
-    for _ in range(100):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("never settled")
-
-
 async def test_a_handoff_lands_and_the_two_halves_make_one_engines_reply(make_worker):
     sender, receiver = make_worker(), make_worker()
     free = sender.free_blocks, receiver.free_blocks
@@ -163,7 +156,7 @@ async def test_a_handoff_lands_and_the_two_halves_make_one_engines_reply(make_wo
     handed = [e for _, e in sender.tokens.sent if isinstance(e, wire.HandedOff)]
     assert handed == [wire.HandedOff("r1", wire.OUT_OF_BAND, "decode")]
     assert "r1" not in sender.streams.active and receiver.streams.find("r1").log[0] == wire.Started("r1", -1, "decode")
-    await settle(lambda: (sender.free_blocks, receiver.free_blocks) == free)
+    await eventually(lambda: (sender.free_blocks, receiver.free_blocks) == free)
 
 
 async def test_no_room_on_the_decoder_or_no_answer_leaves_the_request_to_the_prefill_worker(make_worker):
@@ -182,7 +175,7 @@ async def test_no_room_on_the_decoder_or_no_answer_leaves_the_request_to_the_pre
     assert full.engine.request_ids() == []
     silent.close()
     await decoder.stop()
-    await settle(lambda: sender.free_blocks == free)
+    await eventually(lambda: sender.free_blocks == free)
 
 
 async def sender_link(address: str) -> KVLinkConnection:
@@ -207,7 +200,7 @@ async def test_a_sender_that_vanishes_mid_transfer_or_before_its_commit_leaves_n
     assert (await link.receive(Reserved)).have_blocks == 0
     await link.send(LayerKV(0, *sender.engine.read_kv_layer("r1", 0, 0)))
     await link.close()
-    await settle(lambda: receiver.free_blocks == free and receiver.engine.request_ids() == [])
+    await eventually(lambda: receiver.free_blocks == free and receiver.engine.request_ids() == [])
 
     link = await sender_link(address)  # gone after the receiver took every layer, before the commit
     await link.send(offer)
@@ -221,7 +214,7 @@ async def test_a_sender_that_vanishes_mid_transfer_or_before_its_commit_leaves_n
     await link.send(Sent(digest.digest()))
     await link.receive(Received)
     await link.close()
-    await settle(lambda: receiver.free_blocks == free and receiver.engine.request_ids() == [])
+    await eventually(lambda: receiver.free_blocks == free and receiver.engine.request_ids() == [])
     # The edge may already take the decode worker for the owner: it ends the stream, retryable, after the tokens seen.
     errors = [(edge, e) for edge, e in receiver.tokens.sent if isinstance(e, wire.Error)]
     assert [(edge, e.code, e.seq, e.retryable) for edge, e in errors] == [("edge-0", "worker_lost", len(events), True)]
@@ -253,10 +246,10 @@ async def test_a_parked_request_that_vanishes_under_its_handoff_ends_it_without_
     ready = next(o.handoff for o in await prefill(sender, None) if o.handoff is not None)
     await sender.thread.call(lambda e: e.release_handoff("r1"))  # the engine let it go; the stream does not know yet
     role.start(sender.streams.active["r1"], ready)
-    await settle(lambda: value(sender, "ended") == 1)
+    await eventually(lambda: value(sender, "ended") == 1)
     assert value(sender, "handed_off") == value(sender, "decoded_here") == 0
     assert not any(isinstance(e, wire.HandedOff) for _, e in sender.tokens.sent)
-    await settle(lambda: (sender.free_blocks, receiver.free_blocks) == free and receiver.engine.request_ids() == [])
+    await eventually(lambda: (sender.free_blocks, receiver.free_blocks) == free and receiver.engine.request_ids() == [])
     await decoder.stop()
 
 
