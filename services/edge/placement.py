@@ -10,11 +10,12 @@ of starving that worker's other tenants. `prefix_affinity` is the same choice wi
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+
+from shared.rendezvous import rendezvous
 
 
 class Policy(StrEnum):
@@ -30,12 +31,6 @@ class Candidate:
     load: float  # requests running and waiting on it
     cached_blocks: int = 0  # leading blocks of the prompt it holds in its prefix cache
     affine: bool = False  # it served this conversation's earlier turns
-
-
-def rendezvous(key: str, worker: str) -> int:
-    """Highest-random-weight hashing: each key ranks the workers its own way, stable as workers come
-    and go, so a prefix nobody holds yet still lands on the same worker every time (then warms it)."""
-    return int.from_bytes(hashlib.blake2b(f"{key}\0{worker}".encode(), digest_size=8).digest(), "big")
 
 
 def load_cap(candidates: Sequence[Candidate], c: float) -> int:

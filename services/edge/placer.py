@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from services.edge.fleet_view import worker_load
 from services.edge.kv_index import KVIndex
-from services.edge.placement import Candidate, Policy, choose, rendezvous
+from services.edge.placement import Candidate, Policy, choose
 from shared import wire
 from shared.membership import MemberView
 from shared.models.block_hash import block_key, hash_full_blocks, salted_root
@@ -27,6 +27,7 @@ from shared.models.cache_salt import CacheSharing
 from shared.models.prompt_length import PromptTokens
 from shared.models.raw_prompt import PromptInput
 from shared.partition_owners import REQUESTS_ADDRESS, parse_partitions
+from shared.rendezvous import rendezvous
 
 log = logging.getLogger(__name__)
 

@@ -4,12 +4,12 @@ the decode worker whose prefix cache already holds it (and less KV has to move).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from shared.addresses import parse_address
 from shared.membership import MemberView
+from shared.rendezvous import rendezvous
 
 KV_ADDRESS = "kv"  # the membership address a decode worker takes handed-off requests at
 LOAD_SLACK = 2.0  # requests: decoders within this of the least loaded count as equally free
@@ -46,6 +46,6 @@ def decoder_order(decoders: Sequence[Decoder], prefix: Sequence[int]) -> list[De
     least = min(d.load for d in decoders)
     near = [d for d in decoders if d.load <= least + LOAD_SLACK]
     rest = sorted((d for d in decoders if d.load > least + LOAD_SLACK), key=lambda d: d.load)
-    key = b",".join(str(t).encode() for t in prefix)
-    near.sort(key=lambda d: hashlib.blake2b(d.worker_id.encode() + b"\0" + key, digest_size=8).digest(), reverse=True)
+    key = ",".join(map(str, prefix))
+    near.sort(key=lambda d: rendezvous(key, d.worker_id), reverse=True)
     return near + rest
