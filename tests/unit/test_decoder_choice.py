@@ -4,7 +4,13 @@ a member whose gossip does not parse is left out rather than trusted."""
 
 from __future__ import annotations
 
-from services.worker.decoder_choice import KV_ADDRESS, LOAD_SLACK, Decoder, decoder_order, decoders_of
+from services.worker.decoder_choice import (
+    KV_ADDRESS,
+    LOAD_SLACK,
+    Decoder,
+    decoder_order,
+    decoders_of,
+)
 from shared.membership.member import MemberView, Status
 
 
