@@ -6,6 +6,7 @@ then every layer does a few whole-block gathers and one fused attention call per
   no sequence is padded to the batch's longest context;
 - each prompt chunk attends causally over its cached prefix and itself;
 - new K/V are written by index into the flat cache.
+`decode_group_attention` is one decode group in plain tensor operations, for a compiled graph.
 The references in decode_attention.py and prefill_attention.py stay the ground truth.
 """
 
@@ -171,14 +172,42 @@ def paged_attention_cpu(
 
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
             plan: CpuAttentionPlan, scale: float) -> torch.Tensor:  # (n, Hq, D)
-    n, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
     keys = plan.gather(k_cache, group.blocks, "k")  # (n, Hkv, S, D)
     values = plan.gather(v_cache, group.blocks, "v")
+    return _attend_one_each(q, keys, values, group.visible, scale)
+
+
+def _attend_one_each(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor | None,
+                     scale: float) -> torch.Tensor:  # (n, Hq, D)
+    """One query row per sequence over its gathered keys (n, Hkv, S, D), positions past its context masked."""
+    n, num_q_heads, head_dim = q.shape
+    num_kv_heads = keys.shape[1]
     # The query heads sharing a KV head ride as that head's query rows: no copies of K/V per head.
     queries = q.view(n, num_kv_heads, num_q_heads // num_kv_heads, head_dim)  # (n, Hkv, G, D)
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.visible, scale=scale)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=visible, scale=scale)
     return out.reshape(n, num_q_heads, head_dim)
+
+
+def decode_group_attention(
+    q: torch.Tensor,  # (n, Hq, D): one new token per sequence
+    k: torch.Tensor,  # (n, Hkv, D)
+    v: torch.Tensor,  # (n, Hkv, D)
+    k_cache: torch.Tensor,  # (num_blocks, block_size, Hkv, D)
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # (n,) int64 flat slots of the new tokens
+    blocks: torch.Tensor,  # (n, NB) int64: each sequence's first NB blocks (PAD_BLOCK past its table)
+    visible: torch.Tensor,  # (n, 1, 1, NB * block_size) bool: positions within each context
+    scale: float,
+) -> torch.Tensor:  # (n, Hq, D)
+    """Write this step's K/V, then attend: one decode group in plain tensor operations (no plan, no
+    reused buffers), which is what a compiled graph captures. Equals paged_attention_cpu's decode."""
+    block_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    n, num_blocks = blocks.shape
+    keys = k_cache[blocks].view(n, num_blocks * block_size, num_kv_heads, head_dim).transpose(1, 2)  # (n, Hkv, S, D)
+    values = v_cache[blocks].view(n, num_blocks * block_size, num_kv_heads, head_dim).transpose(1, 2)
+    return _attend_one_each(q, keys, values, visible, scale)
 
 
 def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: PromptChunk,

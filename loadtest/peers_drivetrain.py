@@ -19,8 +19,12 @@ from shared.models.spec import SMOLLM2, resolve_model
 # A new weight format joins the benchmark as one entry here: its name -> the engine settings it sets.
 VARIANTS: dict[str, dict] = {
     "float32": dict(dtype="float32"),
+    "float32+compile": dict(dtype="float32", cpu_compile="on"),
     "bfloat16": dict(dtype="bfloat16"),
     "int8": dict(dtype="float32", quantization="int8"),
+    "int8+compile": dict(dtype="float32", quantization="int8", cpu_compile="on"),
+    "int4": dict(dtype="float32", quantization="int4"),
+    "int4+compile": dict(dtype="float32", quantization="int4", cpu_compile="on"),
 }
 BLOCK_SIZE = 16
 
@@ -50,7 +54,8 @@ class DrivetrainPeer:
             num_kv_blocks=max(num_kv_blocks, cdiv(max_model_len, BLOCK_SIZE) + 1), **VARIANTS[variant],
         )
         model, self.tokenizer = load_engine_model(spec, settings, torch.device("cpu"))
-        self.dtype = str(next(model.parameters()).dtype) + ("+int8" if settings.quantization == "int8" else "")
+        quantized = "" if settings.quantization == "none" else f"+{settings.quantization}"
+        self.dtype = str(next(model.parameters()).dtype) + quantized
         # eos_token_ids=(): fixed output lengths, as every peer is asked for.
         self.engine = Engine(model, settings, spec.max_model_len, eos_token_ids=())
         self.settings = settings

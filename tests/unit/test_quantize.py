@@ -1,11 +1,17 @@
-"""Weight-only int8 and bfloat16: close to float32 matrix by matrix, and SmolLM2 still answers."""
+"""Weight-only int8, int4 and bfloat16: close to float32 matrix by matrix, int4 exact on weights in
+its own grid (as SmolLM2's Q4_1 weights are), and SmolLM2 still answers."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from services.worker.engine.llm_engine import build_llm_engine
-from services.worker.engine.quantize import Int8Linear
+from services.worker.engine.quantize import (
+    INT4_GROUP,
+    Int4Linear,
+    Int8Linear,
+    int4_codes,
+)
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.settings import EngineSettings
 from shared.models.errors import ModelError
@@ -29,7 +35,43 @@ def test_int8_keeps_a_zero_row_zero_and_a_batch_shape() -> None:
     assert out.shape == (2, 5, 8) and torch.equal(out[..., 3], torch.zeros(2, 5))
 
 
-@pytest.mark.parametrize("dtype, quantization", [("float32", "none"), ("bfloat16", "none"), ("float32", "int8")])
+def dequantize_int4(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    out_features, in_features = codes.shape
+    grouped = codes.view(out_features, in_features // INT4_GROUP, INT4_GROUP).float()
+    return (grouped * scale[..., None] + low[..., None]).view(out_features, in_features)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_int4_linear_multiplies_by_its_dequantized_weights(rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight, x = torch.randn(96, 192, generator=gen), torch.randn(rows, 192, generator=gen)
+    out = Int4Linear(weight)(x)
+    expected = F.linear(x.bfloat16().float(), dequantize_int4(*int4_codes(weight)))  # its activations are bfloat16
+    assert out.shape == (rows, 96) and out.dtype == x.dtype
+    assert (out - expected).norm() / expected.norm() < 0.01  # the bfloat16 scales and output
+    assert (out - F.linear(x, weight)).norm() / F.linear(x, weight).norm() < 0.15  # 16 levels per group
+
+
+def test_int4_codes_give_back_weights_already_on_a_q4_1_grid_exactly() -> None:
+    gen = torch.Generator().manual_seed(1)
+    scale = torch.rand(8, 3, 1, generator=gen) + 0.1  # (out, groups, 1)
+    low = torch.randn(8, 3, 1, generator=gen)
+    codes = torch.randint(0, 16, (8, 3, INT4_GROUP), generator=gen)
+    codes[..., 0], codes[..., 1] = 0, 15  # every group spans its whole range, as Q4_1's quantizer makes it
+    weight = (codes * scale + low).view(8, 3 * INT4_GROUP)
+    found = int4_codes(weight)
+    assert torch.equal(found[0], codes.view(8, -1).int())  # the very codes back
+    torch.testing.assert_close(dequantize_int4(*found), weight, rtol=1e-6, atol=1e-6)  # up to float rounding
+
+
+def test_int4_refuses_inputs_that_do_not_split_into_groups() -> None:
+    with pytest.raises(ValueError, match="divisible by 32"):
+        Int4Linear(torch.randn(8, 40))
+
+
+@pytest.mark.parametrize(
+    "dtype, quantization", [("float32", "none"), ("bfloat16", "none"), ("float32", "int8"), ("float32", "int4")]
+)
 def test_smollm2_answers_in_every_dtype(dtype: str, quantization: str) -> None:
     settings = EngineSettings(num_kv_blocks=32, dtype=dtype, quantization=quantization)
     llm = build_llm_engine(resolve_model("smollm2"), settings, "cpu")

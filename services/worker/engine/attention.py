@@ -7,7 +7,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu_attention import CpuAttentionPlan, paged_attention_cpu, write_kv_cpu
+from kernels.cpu_attention import (
+    CpuAttentionPlan,
+    decode_group_attention,
+    paged_attention_cpu,
+    write_kv_cpu,
+)
 from kernels.decode_attention import paged_decode_attention
 from kernels.kv_write import write_kv
 from kernels.prefill_attention import paged_prefill_attention
@@ -41,16 +46,28 @@ class AttentionMetadata:
         return self._cpu_plan
 
 
+@dataclass(frozen=True)
+class DecodeGroupMetadata:
+    """A CPU step in which every sequence decodes one token, all contexts read as the same number of
+    whole blocks, the positions past each one masked: tensors only, what a compiled graph takes."""
+
+    slot_mapping: torch.Tensor  # (N,) int64: where each new token's K/V goes
+    blocks: torch.Tensor  # (N, NB) int64: each sequence's first NB blocks; past its table, the null block
+    visible: torch.Tensor  # (N, 1, 1, NB * block_size) bool: True within the sequence's context
+
+
 def paged_attention(
     q: torch.Tensor,  # (T, Hq, D)
     k: torch.Tensor,  # (T, Hkv, D)
     v: torch.Tensor,  # (T, Hkv, D)
     k_cache: torch.Tensor,  # (num_blocks, block_size, Hkv, D)
     v_cache: torch.Tensor,  # (num_blocks, block_size, Hkv, D)
-    meta: AttentionMetadata,
+    meta: AttentionMetadata | DecodeGroupMetadata,
     scale: float,
 ) -> torch.Tensor:  # (T, Hq, D)
     """Store this step's K/V in the cache, then attend over each sequence's whole cached context."""
+    if isinstance(meta, DecodeGroupMetadata):
+        return decode_group_attention(q, k, v, k_cache, v_cache, meta.slot_mapping, meta.blocks, meta.visible, scale)
     if not q.is_cuda:
         plan = meta.cpu_plan(k_cache.shape[1])
         write_kv_cpu(k, v, k_cache, v_cache, plan)

@@ -21,7 +21,8 @@ MAX_ROWS = 128  # above this the two orders cost about the same, and the transpo
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x W^T (+ bias) for x (..., in) and W (out, in), in the faster order for x's row count."""
     rows = x.reshape(-1, x.shape[-1])
-    if not 2 <= rows.shape[0] <= MAX_ROWS:
+    # A compiled graph leaves the choice to inductor, which matches linear, not this order.
+    if torch.compiler.is_compiling() or not 2 <= rows.shape[0] <= MAX_ROWS:
         return F.linear(x, weight, bias)
     out = torch.mm(weight, rows.t()).t().contiguous()  # (N, out)
     if bias is not None:

@@ -59,6 +59,7 @@ def resolve(settings: EngineSettings, max_model_len: int, device: torch.device) 
         num_kv_blocks=settings.num_kv_blocks,
         kv_memory_fraction=settings.kv_memory_fraction,
         cuda_graphs=settings.cuda_graphs,
+        cpu_compile=settings.cpu_compile,
     )
     return scheduler, runner
 

@@ -17,7 +17,7 @@ from services.worker.engine.grammar_compiler import GrammarCompiler, GrammarQueu
 from services.worker.engine.logprobs import TokenLogprobs
 from services.worker.engine.model import LlamaModel
 from services.worker.engine.prompt_ids import prompt_token_ids
-from services.worker.engine.quantize import quantize_int8_
+from services.worker.engine.quantize import quantize_
 from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.settings import EngineSettings
@@ -247,8 +247,8 @@ def load_engine_model(spec: ModelSpec, settings: EngineSettings, device: torch.d
         torch.set_num_threads(settings.cpu_threads)
     dtype = None if settings.dtype == "auto" else getattr(torch, settings.dtype)
     model, tokenizer = load_model(spec, device, dtype)
-    if settings.quantization == "int8":
-        quantize_int8_(model)
+    if settings.quantization != "none":
+        quantize_(model, settings.quantization)
     elif device.type == "cpu" and next(model.parameters()).dtype == torch.float32:
         use_cpu_linear_(model)  # float32 GEMM of a decode step's few rows, in its faster order
     return model, tokenizer

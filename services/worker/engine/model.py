@@ -9,6 +9,7 @@ from torch import nn
 
 from services.worker.engine.attention import (
     AttentionMetadata,
+    DecodeGroupMetadata,
     causal_attention,
     paged_attention,
 )
@@ -98,7 +99,7 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,  # (T, C)
         rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin of each token's position
-        meta: AttentionMetadata | None,
+        meta: AttentionMetadata | DecodeGroupMetadata | None,
         kv_cache: KVCache | None,
     ) -> torch.Tensor:  # (T, C)
         T = x.shape[0]
@@ -138,7 +139,7 @@ class DecoderLayer(nn.Module):
         self,
         x: torch.Tensor,  # (T, C)
         rope: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata | None,
+        meta: AttentionMetadata | DecodeGroupMetadata | None,
         kv_cache: KVCache | None,
     ) -> torch.Tensor:  # (T, C)
         x = x + self.self_attn(self.input_layernorm(x), rope, meta, kv_cache)
@@ -164,7 +165,7 @@ class LlamaModel(nn.Module):
         self,
         input_ids: torch.Tensor,  # (T,) tokens of all sequences, packed
         positions: torch.Tensor,  # (T,) each token's absolute position in its own sequence
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | DecodeGroupMetadata,
         kv_caches: list[KVCache],  # one per layer
     ) -> torch.Tensor:  # (T, C) final-normed hidden states
         rope = self.rotary(positions)

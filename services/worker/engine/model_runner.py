@@ -15,6 +15,7 @@ import torch
 
 from services.worker.engine.attention import AttentionMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
+from services.worker.engine.cpu_graphs import CpuDecodeGraphs
 from services.worker.engine.cuda_graphs import CudaGraphRunner
 from services.worker.engine.grammar_mask import apply_token_bitmask
 from services.worker.engine.grammar_matchers import GrammarMatchers
@@ -49,6 +50,7 @@ class RunnerConfig:
     num_kv_blocks: int  # 0: size the pool from memory
     kv_memory_fraction: float  # GPU: share of device memory for weights, activations and KV
     cuda_graphs: bool
+    cpu_compile: str = "off"  # off | on | background (EngineSettings.cpu_compile)
     eos_token_ids: frozenset[int] = frozenset()  # masked before a request's min_tokens, unless it ignores EOS
 
 
@@ -148,6 +150,10 @@ class ModelRunner:
             max_blocks = cdiv(config.max_model_len, self.block_size)
             self.graphs = CudaGraphRunner(model, self.kv_caches, config.max_num_seqs, max_blocks)
             self.graphs.capture()
+        self.decode_graphs: CpuDecodeGraphs | None = None
+        if config.cpu_compile != "off" and self.device.type == "cpu":
+            self.decode_graphs = CpuDecodeGraphs(model, self.kv_caches, self.block_size)
+            self.decode_graphs.start(background=config.cpu_compile == "background")
         log.info("KV cache: %d blocks of %d tokens on %s", self.num_blocks, self.block_size, self.device)
 
     @torch.no_grad()
@@ -156,11 +162,10 @@ class ModelRunner:
         self.drop_requests(out.finished_ids + out.preempted_ids)
         if out.is_empty:
             return Sampled()
-        inputs = prepare_inputs(out, self.block_size, self._graph_size(out))
-        hidden = self._forward(self._to_device(inputs))  # (T or padded B, C)
-        if not inputs.sample_ids:
+        inputs = self._to_device(prepare_inputs(out, self.block_size, self._graph_size(out)))
+        logits = self._logits(inputs)  # (S, V)
+        if logits is None:
             return Sampled()
-        logits = self.model.compute_logits(hidden[inputs.sample_rows.to(self.device)])  # (S, V)
         logits = process_logits(logits, inputs.sampling, inputs.histories, inputs.prompt_lens, self.config.eos_token_ids)
         if self.grammars is not None and (masked := self.grammars.bitmask(inputs.sample_ids, self.device)) is not None:
             apply_token_bitmask(logits, *masked)  # constrained rows keep only what their grammar allows
@@ -178,6 +183,16 @@ class ModelRunner:
         if self.graphs is None or any(c.num_tokens != 1 for c in out.chunks):
             return 0
         return self.graphs.padded_size(len(out.chunks)) or 0
+
+    def _logits(self, inputs: StepInputs) -> torch.Tensor | None:  # (S, V) float32; None: nothing sampled
+        if self.decode_graphs is not None and len(inputs.sample_ids) == inputs.num_seqs:
+            logits = self.decode_graphs.logits(inputs.input_ids, inputs.positions, inputs.meta)
+            if logits is not None:
+                return logits
+        hidden = self._forward(inputs)  # (T or padded B, C)
+        if not inputs.sample_ids:
+            return None
+        return self.model.compute_logits(hidden[inputs.sample_rows.to(self.device)])
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:  # (T, C)
         meta = inputs.meta

@@ -1,0 +1,100 @@
+"""Compiled CPU decode steps: which steps a graph takes, and an engine that compiles them (in the
+background, serving eagerly meanwhile) produces exactly the eager engine's tokens."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from services.worker.engine.attention import AttentionMetadata
+from services.worker.engine.cpu_graphs import MIN_BLOCKS, decode_group
+from services.worker.engine.engine import Engine
+from services.worker.engine.model import LlamaModel
+from services.worker.engine.request import Request
+from services.worker.engine.sampling_params import SamplingParams
+from services.worker.engine.settings import EngineSettings
+
+BLOCK = 16
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+def decode_meta(contexts: list[int], tables: list[list[int]]) -> AttentionMetadata:
+    width = max(len(t) for t in tables)
+    return AttentionMetadata(
+        slot_mapping=torch.tensor([t[(c - 1) // BLOCK] * BLOCK + (c - 1) % BLOCK for c, t in zip(contexts, tables)]),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        cu_seqlens_q=torch.arange(len(contexts) + 1, dtype=torch.int32),
+        context_lens=torch.tensor(contexts, dtype=torch.int32),
+        max_query_len=1,
+    )
+
+
+def test_a_decode_group_reads_whole_blocks_and_masks_past_each_context() -> None:
+    group = decode_group(decode_meta([20, 33], [[5, 6], [7, 8, 9]]), BLOCK)
+    assert group is not None
+    assert group.blocks.tolist() == [[5, 6, 0], [7, 8, 9]]  # past a table: the null block
+    visible = group.visible[:, 0, 0, :]
+    assert visible.shape == (2, 3 * BLOCK)
+    assert visible.sum(dim=1).tolist() == [20, 33] and visible[0, :20].all() and visible[1, :33].all()
+    assert group.slot_mapping.tolist() == [6 * BLOCK + 3, 9 * BLOCK + 0]
+
+
+def test_a_short_context_still_reads_two_blocks() -> None:
+    group = decode_group(decode_meta([3], [[4]]), BLOCK)
+    assert group is not None and group.blocks.tolist() == [[4, 0]] and MIN_BLOCKS == 2
+
+
+def test_prompt_chunks_and_spread_contexts_are_not_a_group() -> None:
+    assert decode_group(decode_meta([10, 21], [[1], [2, 3]]), BLOCK) is None  # 21 > 2 x 10: eager groups them apart
+    chunk = decode_meta([10], [[1]])
+    chunk.max_query_len = 4
+    assert decode_group(chunk, BLOCK) is None
+
+
+def run(engine: Engine, prompts: list[list[int]], prefix: str) -> list[list[int]]:
+    requests = [Request(f"{prefix}{i}", prompt, GREEDY) for i, prompt in enumerate(prompts)]
+    for request in requests:
+        engine.add_request(request)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return [r.output_token_ids for r in requests]
+
+
+@pytest.fixture(scope="module")
+def engines(tiny: LlamaModel, one_torch_thread) -> tuple[Engine, Engine]:
+    """An eager engine and one compiling its decode graphs in the background, over copies of one model."""
+    eager = Engine(copy.deepcopy(tiny), EngineSettings(num_kv_blocks=64), 512, eos_token_ids=())
+    compiled = Engine(copy.deepcopy(tiny), EngineSettings(num_kv_blocks=64, cpu_compile="background"), 512, eos_token_ids=())
+    return eager, compiled
+
+
+def test_background_compiling_serves_eagerly_then_through_the_graphs_with_the_same_tokens(engines) -> None:
+    eager, compiled = engines
+    graphs = compiled.runner.decode_graphs
+    assert graphs is not None and not graphs.ready.is_set()
+    prompts = [list(range(3, 40)), list(range(50, 70))]
+    assert run(compiled, prompts, "before") == run(eager, prompts, "before")  # while it compiles: eagerly
+    assert graphs.wait(timeout=600) and not graphs.failed
+    for batch in ([list(range(7, 29))], [list(range(100 + 9 * i, 130 + 11 * i)) for i in range(3)]):  # both graphs
+        assert run(compiled, batch, "after") == run(eager, batch, "after")
+
+
+def test_the_graphs_write_the_kv_cache_as_the_eager_path_does(engines) -> None:
+    eager, compiled = engines
+    assert compiled.runner.decode_graphs.wait(timeout=600)
+    run(compiled, [list(range(1, 30))], "kv")
+    run(eager, [list(range(1, 30))], "kv")
+    # Both engines ran the same requests in the same order, so their pools handed out the same blocks;
+    # every block but the null one (the graphs' warm-up writes there) holds the same K/V.
+    for (k_ours, v_ours), (k_ref, v_ref) in zip(compiled.runner.kv_caches, eager.runner.kv_caches, strict=True):
+        torch.testing.assert_close(k_ours[1:], k_ref[1:], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(v_ours[1:], v_ref[1:], rtol=1e-4, atol=1e-5)
+
+
+def test_a_step_the_graphs_do_not_take_runs_eagerly_with_the_same_tokens(engines) -> None:
+    eager, compiled = engines
+    assert compiled.runner.decode_graphs.wait(timeout=600)
+    spread = [list(range(5, 12)), list(range(20, 80))]  # contexts 7 and 60: two groups, eager
+    assert run(compiled, spread, "spread") == run(eager, spread, "spread")
