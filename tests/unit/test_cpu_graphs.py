@@ -102,3 +102,16 @@ def test_a_step_the_graphs_do_not_take_runs_eagerly_with_the_same_tokens(engines
     assert compiled.runner.decode_graphs.wait(timeout=600)
     spread = [list(range(5, 12)), list(range(20, 80))]  # contexts 7 and 60: two groups, eager
     assert run(compiled, spread, "spread") == run(eager, spread, "spread")
+
+
+def test_two_compiled_engines_in_one_process_keep_their_own_weights(tiny: LlamaModel, one_torch_thread) -> None:
+    other = copy.deepcopy(tiny)
+    with torch.no_grad():
+        for param in other.parameters():
+            param.mul_(-1.0)  # a different model of the same shape and types
+    settings = EngineSettings(num_kv_blocks=64, cpu_compile="on")
+    prompt = [list(range(11, 40))]
+    ours = [run(Engine(copy.deepcopy(m), settings, 512, eos_token_ids=()), prompt, "w") for m in (tiny, other)]
+    eager = [run(Engine(copy.deepcopy(m), EngineSettings(num_kv_blocks=64), 512, eos_token_ids=()), prompt, "w")
+             for m in (tiny, other)]
+    assert ours == eager and ours[0] != ours[1]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import types
 
 import numpy as np
 import torch
@@ -49,6 +50,11 @@ class _DecodeLogits(nn.Module):
     def __init__(self, model: LlamaModel) -> None:
         super().__init__()
         self.model = model
+        # Dynamo keeps compiled graphs per code object, and the module guards are filtered out (below):
+        # two engines in one process sharing `forward`'s code would share one engine's frozen weights.
+        # A copy of the code object gives this instance a cache of its own.
+        forward = type(self).forward
+        self.forward = types.MethodType(types.FunctionType(forward.__code__.replace(), forward.__globals__), self)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: DecodeGroupMetadata,
                 kv_caches: list[KVCache]) -> torch.Tensor:  # (N, V) float32
