@@ -108,7 +108,10 @@ async def test_a_prefill_worker_killed_during_its_handoff_ends_the_stream_and_th
         await sock.close()
         stop(fleet, DECODE, signal.SIGCONT)
     assert result.final["type"] == "error" and result.final["code"] == "worker_lost", result.final
-    assert result.arrivals[-1] - killed_at <= 2.0
+    # The stopped decode worker cannot confirm the suspicion, so it runs its unconfirmed length
+    # (suspicion_max_timeout_mult x suspicion_mult x probe_interval = 1.2 s): a second more than
+    # the bound where every member is awake.
+    assert result.arrivals[-1] - killed_at <= 3.0, f"error after {result.arrivals[-1] - killed_at:.2f} s"
     await asyncio.sleep(1.0)  # the decode worker reads the dead link and lets it go
     assert metric(fleet, 1, "drivetrain_worker_kv_free_blocks") == free
     assert metric(fleet, 1, "drivetrain_worker_running_requests") == 0
