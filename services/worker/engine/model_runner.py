@@ -30,6 +30,7 @@ from services.worker.engine.model import (
 from services.worker.engine.sampler import Sampler, make_generator
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduler import SchedulerOutput
+from services.worker.engine.settings import CpuCompile
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class RunnerConfig:
     num_kv_blocks: int  # 0: size the pool from memory
     kv_memory_fraction: float  # GPU: share of device memory for weights, activations and KV
     cuda_graphs: bool
-    cpu_compile: str = "off"  # off | on | background (EngineSettings.cpu_compile)
+    cpu_compile: CpuCompile = "off"
     eos_token_ids: frozenset[int] = frozenset()  # masked before a request's min_tokens, unless it ignores EOS
 
 

@@ -19,6 +19,7 @@ GPU_MAX_BATCH_TOKENS = 8192
 
 Positive = Annotated[int, Field(ge=1)]
 Auto = Annotated[int, Field(ge=0)]
+CpuCompile = Literal["off", "on", "background"]
 
 
 @dataclass(frozen=True, config=ConfigDict(use_attribute_docstrings=True, extra="ignore"))
@@ -50,7 +51,7 @@ class EngineSettings(CacheSharing):
     """weights and KV cache; auto: bfloat16 on a GPU, float32 on a CPU"""
     quantization: Literal["none", "int8", "int4"] = "none"
     """CPU: weight-only quantization, for fewer bytes read per token: int8 (a quarter of float32's), or int4 projections in llama.cpp's Q4_1 layout with an int8 output layer (about a seventh)"""
-    cpu_compile: Literal["off", "on", "background"] = "off"
+    cpu_compile: CpuCompile = "off"
     """CPU: decode steps through a graph torch.compile builds with the weights frozen in (fused small operations, inductor's own GEMM kernels): about 2.5x one stream's decode speed, for minutes of compiling at every start. on: before the engine serves; background: steps run eagerly until it is done"""
     cpu_threads: int = Field(default=0, ge=0)
     """CPU: threads for the model's math; 0: torch's default, one per core. Workers sharing a machine should split its cores (drivetrain up does): more threads than cores make every small operation wait"""
