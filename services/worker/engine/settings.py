@@ -52,7 +52,7 @@ class EngineSettings(CacheSharing):
     quantization: Literal["none", "int8", "int4"] = "none"
     """CPU: weight-only quantization, for fewer bytes read per token: int8 (a quarter of float32's), or int4 projections in llama.cpp's Q4_1 layout with an int8 output layer (about a seventh)"""
     cpu_compile: CpuCompile = "off"
-    """CPU: decode steps through a graph torch.compile builds with the weights frozen in (fused small operations, inductor's own GEMM kernels): about 2.5x one stream's decode speed, for minutes of compiling at every start. on: before the engine serves; background: steps run eagerly until it is done"""
+    """CPU: decode steps through a graph torch.compile builds with the weights frozen in (fused small operations, inductor's own GEMM kernels): about 2.7x one stream's decode speed, for minutes of compiling at every start. on: before the engine serves; background: steps run eagerly until it is done, slowly on a few cores"""
     cpu_threads: int = Field(default=0, ge=0)
     """CPU: threads for the model's math; 0: torch's default, one per core. Workers sharing a machine should split its cores (drivetrain up does): more threads than cores make every small operation wait"""
     fair_share: Literal["vtc", "fcfs"] = "vtc"
