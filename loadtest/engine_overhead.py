@@ -6,12 +6,14 @@ The breakdown wraps the engine's methods with timers here, in the benchmark (uni
 patches, undone after each pass); no engine code is changed. Timers cost a clock call or two
 each (about 2 us for the CPU clock on a shared VM), so the totals come from an untimed pass, the
 split from a pass timing only the per-step calls, and the per-request calls from a third pass.
+What lives before the requests arrive is frozen out of the garbage collector, as in a worker.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import statistics
 import time
 from collections import defaultdict
@@ -132,17 +134,18 @@ PER_STEP: list[Target] = [
     ("run.logprobs", lambda e: model_runner, "token_logprobs"),
     ("update", lambda e: e, "_update"),
     ("update.scheduler_update", lambda e: e.scheduler, "update_from_output"),
+    ("schedule.tenant_order", lambda e: e.scheduler.waiting, "on_scheduled"),
 ]
 PER_REQUEST: list[Target] = [
     ("schedule.allocate_slots", lambda e: e.kv_cache_manager, "allocate_slots"),
     ("schedule.make_chunk", lambda e: e.scheduler, "_make_chunk"),
-    ("schedule.tenant_order", lambda e: e.scheduler.waiting, "on_scheduled"),
     ("update.cache_blocks", lambda e: e.kv_cache_manager, "cache_blocks"),
     ("update.stop_reason", lambda e: e, "_stop_reason"),
 ]
 # What each inclusive timer holds besides its timed children: the rest is its own code.
 CHILDREN = {
     "step": ("schedule", "announce_starts", "run", "update"),
+    "schedule": ("schedule.tenant_order",),
     "run": tuple(name for name, _, _ in PER_STEP if name.startswith("run.")) + ("run.gather_rows",),
     "update": ("update.scheduler_update",),
 }
@@ -184,7 +187,14 @@ def empty_interval(clock: Callable[[], float], n: int = 2000) -> float:
     return timers.steps[0]["noop"] / n
 
 
+def full_collection_ms() -> float:
+    start = time.perf_counter()
+    gc.collect()
+    return 1e3 * (time.perf_counter() - start)
+
+
 def measure_batch(engine: Engine, stub: StubModel, batch: int, clock: Callable[[], float], on_cpu: bool) -> dict:
+    gc.freeze()  # as a worker does once its engine is built (services/worker/main.py)
     rng = np.random.default_rng(batch)
     sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     requests = [Request(f"o{i}", random_tokens(rng, int(rng.integers(*PROMPT_LENS))), sampling) for i in range(batch)]
@@ -224,9 +234,15 @@ def measure_batch(engine: Engine, stub: StubModel, batch: int, clock: Callable[[
     for name, _, _ in PER_REQUEST:
         calls = statistics.median(c.get(name, 0) for c in fine.calls)
         per_request[name] = {"ms": max(0.0, fine.median_ms(name) - 1e3 * calls * noop), "calls": calls}
+    # What a full collection pauses the engine for, with the process's objects from before the
+    # requests frozen as a worker freezes them, and with nothing frozen.
+    pause_frozen = full_collection_ms()
+    gc.unfreeze()
+    pause_unfrozen = full_collection_ms()
     for request in requests:
         engine.abort_request(request.request_id)
     return {
+        "full_collection_ms": {"frozen_at_start": pause_frozen, "nothing_frozen": pause_unfrozen},
         "host_ms": breakdown["host"], "step_ms_wall": 1e3 * statistics.median(wall),
         "step_ms_cpu": 1e3 * statistics.median(cpu), "step_ms_wall_mean": 1e3 * statistics.mean(wall),
         "step_ms_instrumented": breakdown["step"], "device_work_ms": breakdown["device_work"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 
 from services.worker.decoder_choice import KV_ADDRESS, decoders_of
 from services.worker.engine.types import GenerationEngine
@@ -72,6 +73,11 @@ def main(settings: WorkerSettings) -> None:
     if settings.role != "unified" and settings.spec().is_echo:
         raise SystemExit(f"drivetrain worker: a {settings.role} worker hands KV caches on, and the echo model has none")
     engine = build_engine(settings)
+    # What lives now lives as long as the process (the model, its tokenizer, the imported code).
+    # Frozen out of the collector's way, a full collection no longer walks it: with SmolLM2 that
+    # was ~385k objects and a ~350 ms pause of every stream, now about nothing.
+    gc.collect()
+    gc.freeze()
     run_until_signalled(
         lambda stopping: serve_worker(settings, engine, health, stopping),
         on_signal=lambda: health.set(Lifecycle.DRAINING),

@@ -23,6 +23,7 @@ LOAD_GAUGES = {
 }
 LOAD_COUNTERS = {
     "steps": ("drivetrain_worker_engine_steps", "Engine steps run"),
+    "graph_steps": ("drivetrain_worker_engine_graph_steps", "Engine steps whose model ran as one compiled or captured graph"),
     "preemptions": ("drivetrain_worker_preemptions", "Requests preempted for lack of KV blocks (recomputed later)"),
     "isolated_failures": ("drivetrain_worker_isolated_failures", "Batched steps that raised and were re-run request by request"),
 }

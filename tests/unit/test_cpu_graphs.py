@@ -76,12 +76,12 @@ def test_background_compiling_serves_eagerly_then_through_the_graphs_with_the_sa
     assert graphs is not None and not graphs.ready.is_set()
     prompts = [list(range(3, 40)), list(range(50, 70))]
     assert run(compiled, prompts, "before") == run(eager, prompts, "before")  # while it compiles: eagerly
-    assert graphs.num_graph_steps == 0
+    assert compiled.load().graph_steps == 0
     assert graphs.wait(timeout=600) and not graphs.failed
     for batch in ([list(range(7, 29))], [list(range(100 + 9 * i, 130 + 11 * i)) for i in range(3)]):  # both graphs
-        before = graphs.num_graph_steps
+        before = compiled.load().graph_steps
         assert run(compiled, batch, "after") == run(eager, batch, "after")
-        assert graphs.num_graph_steps >= GREEDY.max_tokens - 1 + before  # every decode step took a graph
+        assert compiled.load().graph_steps >= GREEDY.max_tokens - 1 + before  # every decode step took a graph
     assert graphs.num_uncovered_steps == 0
 
 

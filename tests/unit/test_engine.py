@@ -9,6 +9,7 @@ import itertools
 import os
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -232,9 +233,10 @@ def test_padding_rows_write_nothing_and_leave_real_rows_unchanged(tiny: LlamaMod
     """What a CUDA graph replay relies on: padded decode rows (slot -1, null block, context 1)."""
     runner = ModelRunner(tiny, resolve(EngineSettings(num_kv_blocks=16), context_length(tiny.config), torch.device("cpu"))[1])
     prompt = random_prompts(7, [19])[0]
-    prefill = SchedulerOutput([ScheduledChunk("a", prompt, 0, [3, 5], True, GREEDY)])
+    tables = np.array([[3, 5]], dtype=np.int32)  # request a's blocks: row 0
+    prefill = SchedulerOutput([ScheduledChunk("a", prompt, 0, 0, True, GREEDY)], block_tables=tables)
     token = runner.run(prefill).tokens["a"]
-    decode = SchedulerOutput([ScheduledChunk("a", [token], 19, [3, 5], True, GREEDY)])
+    decode = SchedulerOutput([ScheduledChunk("a", [token], 19, 0, True, GREEDY)], block_tables=tables)
     plain, padded = prepare_inputs(decode, 16), prepare_inputs(decode, 16, pad_to=4)
     assert padded.meta.slot_mapping.tolist() == [5 * 16 + 3, -1, -1, -1]
     assert padded.meta.context_lens.tolist() == [20, 1, 1, 1]

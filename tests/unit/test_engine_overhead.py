@@ -3,6 +3,7 @@ picks its token, a measured batch is split into its calls, and every timer is un
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 
@@ -55,4 +56,5 @@ def test_a_measured_batch_is_split_into_its_calls_and_the_timers_are_undone(over
     assert "schedule" not in vars(engine.scheduler) and "run" not in vars(engine.runner) and stub.timers is None
     assert not engine.has_unfinished_requests()
     names = [name for name, _ in overhead.top_items(breakdown, on_cpu=True)]
-    assert "run.sampler" not in names and "host" not in names and "schedule" in names
+    assert "run.sampler" not in names and "host" not in names and "schedule.rest" in names
+    assert set(result["full_collection_ms"]) == {"frozen_at_start", "nothing_frozen"} and gc.get_freeze_count() == 0

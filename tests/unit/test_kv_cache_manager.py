@@ -3,6 +3,7 @@
 import pytest
 
 from services.worker.engine.block_pool import BlockPool, hash_full_blocks
+from services.worker.engine.block_tables import BlockTables
 from services.worker.engine.kv_cache_manager import KVCacheManager
 from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
@@ -189,3 +190,23 @@ def test_allocating_past_max_model_len_is_an_error():
     with pytest.raises(ValueError):
         manager.allocate_slots(make_request("a", list(range(33))), 33)
 
+
+
+def test_block_tables_keep_each_request_in_a_row_that_grows_with_it_and_is_nulled_when_freed():
+    manager = make_manager(num_blocks=200, max_model_len=64)
+    manager.block_tables = BlockTables(max_blocks_per_request=4, num_rows=2)  # so that 3 requests make it grow
+    requests = [make_request(f"r{i}", list(range(100 * i, 100 * i + 20))) for i in range(3)]
+    for request in requests:
+        admit_and_compute(manager, request)
+    assert len(manager.block_tables.array) == 4  # doubled for the third request
+    tables = [manager.get_block_ids(request) for request in requests]
+    assert [len(t) for t in tables] == [2, 2, 2] and len({b for t in tables for b in t}) == 6
+    first = requests[0]
+    assert manager.allocate_slots(first, 20) is not None  # 40 tokens: a third block, in the same row
+    row = manager.block_row(first)
+    assert manager.block_tables.array[row, :3].tolist() == manager.get_block_ids(first) and manager.block_tables.array[row, 3] == 0
+    manager.free(first)
+    assert not manager.block_tables.array[row].any() and manager.get_block_ids(first) == []
+    again = make_request("again", list(range(500, 510)))
+    admit_and_compute(manager, again)
+    assert manager.block_row(again) == row  # a freed row is taken again before the array grows

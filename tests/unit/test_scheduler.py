@@ -74,7 +74,7 @@ def test_chunked_prefill_splits_a_long_prompt_with_right_positions_and_blocks():
     outputs, tables = [], []
     for _ in range(3):
         outputs.append(step(scheduler, token=7))
-        tables.append(list(outputs[-1].chunks[0].block_ids))  # a step's table is the live one: valid for that step
+        tables.append(outputs[-1].block_ids(outputs[-1].chunks[0], BLOCK_SIZE))
     assert [shape(o) for o in outputs] == [
         [("a", 0, 16, False)],
         [("a", 16, 16, False)],
@@ -162,7 +162,7 @@ def test_an_older_request_preempts_the_newest_running_one():
     assert shape(output) == [("a", 80, 1, True)]
     assert output.preempted_ids == ["b"]
     # b's blocks hold no cached KV, so they return to the head, in table order.
-    assert output.chunks[0].block_ids == [1, 2, 3, 4, 5, 6]
+    assert output.block_ids(output.chunks[0], BLOCK_SIZE) == [1, 2, 3, 4, 5, 6]
     assert a.status is RequestStatus.RUNNING
 
 
@@ -178,7 +178,7 @@ def test_preempting_a_request_already_scheduled_this_step_takes_back_its_chunk()
     assert shape(output) == [("a", 32, 16, False)]
     assert output.preempted_ids == ["b"]
     assert output.num_scheduled_tokens == 16
-    assert output.chunks[0].block_ids == [1, 4, 3]
+    assert output.block_ids(output.chunks[0], BLOCK_SIZE) == [1, 4, 3]
 
 
 def test_no_new_admissions_in_a_step_that_preempted():
@@ -227,7 +227,7 @@ def test_prefix_hit_on_admission_skips_cached_tokens_and_reports_them():
     b = add(scheduler, "b", 40)
     output = scheduler.schedule()
     assert shape(output) == [("a", 40, 1, True), ("b", 32, 8, True)]
-    assert output.chunks[1].block_ids[:2] == [1, 2]
+    assert output.block_ids(output.chunks[1], BLOCK_SIZE)[:2] == [1, 2]
     assert b.num_cached_tokens == 32
 
 
@@ -324,12 +324,13 @@ class FakeRunner:
         for chunk in output.chunks:
             request = scheduler.get_request(chunk.request_id)
             assert chunk.start_position == request.num_computed_tokens
+            block_ids = output.block_ids(chunk, BLOCK_SIZE)
             for position in range(chunk.start_position):
-                slot = (chunk.block_ids[position // BLOCK_SIZE], position % BLOCK_SIZE)
+                slot = (block_ids[position // BLOCK_SIZE], position % BLOCK_SIZE)
                 assert self.kv[slot] == request.all_token_ids[position], (chunk.request_id, position)
             for offset, token in enumerate(chunk.token_ids):
                 position = chunk.start_position + offset
-                self.kv[(chunk.block_ids[position // BLOCK_SIZE], position % BLOCK_SIZE)] = token
+                self.kv[(block_ids[position // BLOCK_SIZE], position % BLOCK_SIZE)] = token
             if chunk.sample:
                 sampled[chunk.request_id] = (request.num_tokens * 7) % 5  # few values: shared prefixes
         return sampled
@@ -340,7 +341,9 @@ def check_pool_invariants(scheduler: Scheduler) -> None:
     pool = manager.block_pool
     refs: dict[int, int] = {}
     for request_id, blocks in manager.req_to_blocks.items():
-        assert manager.req_to_block_ids[request_id] == [block.block_id for block in blocks]
+        row = manager.req_to_row[request_id]
+        table = manager.block_tables.array[row]
+        assert table[: len(blocks)].tolist() == [block.block_id for block in blocks] and not table[len(blocks) :].any()
         for block in blocks:
             refs[block.block_id] = refs.get(block.block_id, 0) + 1
     for block in pool.blocks[1:]:

@@ -29,7 +29,7 @@ def serve(order: VirtualTokenCounters, rng: random.Random, outputs: tuple[int, i
     order.on_admitted(chosen, 0)
     for _ in range(rng.randint(*outputs)):
         chosen.num_computed_tokens = chosen.num_tokens - 1  # a decode step: one token sampled
-        order.on_scheduled(chosen, 1)
+        order.on_scheduled({chosen: 1})
         chosen.append_output_token(0)
     return chosen
 

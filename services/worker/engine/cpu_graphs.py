@@ -102,7 +102,6 @@ class CpuDecodeGraphs:
         self.ready = threading.Event()
         self.failed = False  # compiling raised: every step runs eagerly
         self._thread: threading.Thread | None = None
-        self.num_graph_steps = 0
         self.num_uncovered_steps = 0  # decode groups the graphs' guards refused: run eagerly
 
     def start(self, background: bool) -> None:
@@ -180,5 +179,4 @@ class CpuDecodeGraphs:
                 log.warning("a decode step the CPU graphs do not cover runs eagerly: %s", exc)
             self.num_uncovered_steps += 1
             return None
-        self.num_graph_steps += 1
         return logits

@@ -161,6 +161,7 @@ class Engine:
             free_kv_blocks=pool.num_free_blocks,
             prefix_hit_rate=self.kv_cache_manager.prefix_hit_rate,
             steps=self.num_steps,
+            graph_steps=self.runner.num_graph_steps,
             preemptions=self.scheduler.num_preemptions,
             isolated_failures=self.num_isolated_failures,
             max_running=self.scheduler.config.max_num_seqs,
@@ -210,7 +211,7 @@ class Engine:
         sampled = Sampled()
         failed: dict[str, str] = {}
         for chunk in out.chunks:
-            single = SchedulerOutput(chunks=[chunk], num_scheduled_tokens=chunk.num_tokens)
+            single = SchedulerOutput([chunk], num_scheduled_tokens=chunk.num_tokens, block_tables=out.block_tables)
             try:
                 sampled.update(self.runner.run(single))
             except Exception:  # this request is the culprit: it fails alone
@@ -223,35 +224,30 @@ class Engine:
         for request_id in failed:
             self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ERROR)
             self.grammars.remove(request_id)
-        self.scheduler.update_from_output(out, sampled.tokens)
+        advanced = self.scheduler.update_from_output(out, sampled.tokens)
         # Once per running request per step: locals, not attribute lookups, at hundreds of requests.
-        requests, tokens, all_logprobs = self.scheduler.requests, sampled.tokens, sampled.logprobs
-        for chunk in out.chunks:
-            request = requests.get(chunk.request_id)
-            if not chunk.sample or request is None:
-                continue  # a prompt chunk with more to come, or failed / aborted meanwhile
-            token = tokens[chunk.request_id]
-            reason = self._stop_reason(request, token)
+        all_logprobs, grammars, park = sampled.logprobs, self.grammars, self.handoffs.park
+        for request, token in advanced:
+            grammar_complete = bool(grammars) and grammars.accept(request.request_id, token)
+            reason = self._stop_reason(request, token, grammar_complete)
             if reason is not None:
                 self.finish_request(request.request_id, reason)
-            handoff = self.handoffs.park(request) if reason is None and request.handoff else None
+            handoff = park(request) if reason is None and request.handoff else None
             # An end token (EOS, a stop token id) is no text of the reply: it has no logprob entry, as in OpenAI's.
-            lp = all_logprobs.get(chunk.request_id) if all_logprobs else None
+            lp = all_logprobs.get(request.request_id) if all_logprobs else None
             logprobs = [lp] if lp is not None and not self._is_end_token(request, token) else []
-            updates.append(RequestUpdate(request.request_id, [token], reason, logprobs=logprobs, handoff=handoff))
+            updates.append(RequestUpdate(request.request_id, [token], reason, None, logprobs, handoff))  # error None
         return updates
 
     def _is_end_token(self, request: Request, token: int) -> bool:
         sampling = request.sampling
         return token in sampling.stop_token_ids or (token in self.eos_token_ids and not sampling.ignore_eos)
 
-    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
-        grammar_complete = bool(self.grammars) and self.grammars.accept(request.request_id, token)
-        # Before min_tokens the sampler masked these, so reaching one means the request may end.
-        if self._is_end_token(request, token):
+    def _stop_reason(self, request: Request, token: int, grammar_complete: bool) -> FinishReason | None:
+        # Before min_tokens the sampler masked the end tokens, so reaching one means the request may end;
+        # a grammar that is complete allows nothing more.
+        if grammar_complete or self._is_end_token(request, token):
             return FinishReason.STOP
-        if grammar_complete:  # the output matches its grammar, which allows nothing more
-            return FinishReason.STOP
-        if request.reached_max_num_tokens:  # max_tokens, or max_model_len (add_request capped it)
+        if len(request.all_token_ids) >= request.max_num_tokens:  # max_tokens, or max_model_len (add_request capped it)
             return FinishReason.LENGTH
         return None

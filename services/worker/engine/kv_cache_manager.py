@@ -10,6 +10,7 @@ from services.worker.engine.block_pool import (
     KVBlock,
     hash_block_tokens,
 )
+from services.worker.engine.block_tables import BlockTables
 from services.worker.engine.request import Request
 
 
@@ -30,8 +31,9 @@ class KVCacheManager:
         self.block_size = block_pool.block_size
         self.max_model_len = max_model_len
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
-        # The same tables as plain ids: copied into every step's batch description.
-        self.req_to_block_ids: dict[str, list[int]] = {}
+        # The same tables as block ids, a row each: what every step's batch reads.
+        self.block_tables = BlockTables(cdiv(max_model_len, self.block_size))
+        self.req_to_row: dict[str, int] = {}
         # How many of a request's leading blocks are already registered in the cache.
         self.num_cached_blocks: dict[str, int] = {}
         self.num_prefix_queries_tokens = 0
@@ -78,11 +80,13 @@ class KVCacheManager:
         right after the request's `num_computed_tokens`. All or nothing: on None the
         pool and the request are exactly as they were.
         """
-        blocks = self.req_to_blocks.get(request.request_id, [])
-        if not new_computed_blocks and blocks:  # most decode steps: the token fits in the last block
+        blocks = self.req_to_blocks.get(request.request_id)
+        if blocks and not new_computed_blocks:  # most decode steps: the token fits in the last block
             num_total = request.num_computed_tokens + num_new_tokens
             if num_total <= len(blocks) * self.block_size and num_total <= self.max_model_len:
                 return []
+        if blocks is None:
+            blocks = []
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         num_total = num_computed + num_new_tokens
         if num_total > self.max_model_len:
@@ -100,16 +104,15 @@ class KVCacheManager:
         if request.request_id not in self.req_to_blocks:
             self._count_prefix_query(request, len(new_computed_blocks))
             self.req_to_blocks[request.request_id] = blocks
-            self.req_to_block_ids[request.request_id] = []
+            self.req_to_row[request.request_id] = self.block_tables.add_row()
             self.num_cached_blocks[request.request_id] = len(new_computed_blocks)
         self.block_pool.touch(new_computed_blocks)
         blocks.extend(new_computed_blocks)
         new_blocks = self.block_pool.allocate(num_new_blocks)
         blocks.extend(new_blocks)
         new_block_ids = [block.block_id for block in new_blocks]
-        block_ids = self.req_to_block_ids[request.request_id]
-        block_ids.extend(block.block_id for block in new_computed_blocks)
-        block_ids.extend(new_block_ids)
+        row = self.req_to_row[request.request_id]
+        self.block_tables.append(row, [block.block_id for block in new_computed_blocks] + new_block_ids)
         return new_block_ids
 
     def cache_blocks(self, request: Request) -> None:
@@ -132,17 +135,18 @@ class KVCacheManager:
         """Release the request's blocks, tail first, so its tail is evicted before its head."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
-        self.req_to_block_ids.pop(request.request_id, None)
+        if (row := self.req_to_row.pop(request.request_id, None)) is not None:
+            self.block_tables.release(row)
         self.block_pool.free_blocks(reversed(blocks))
 
-    def block_table(self, request: Request) -> list[int]:
-        """The request's block table itself, not a copy: read it, never change it, within the step
-        that asked (the next allocation may grow it)."""
-        return self.req_to_block_ids.get(request.request_id, [])
+    def block_row(self, request: Request) -> int:
+        """The request's row of `block_tables.array` (it holds blocks: allocate_slots ran for it)."""
+        return self.req_to_row[request.request_id]
 
     def get_block_ids(self, request: Request) -> list[int]:
         """A copy of the request's block table (block ids in position order)."""
-        return list(self.req_to_block_ids.get(request.request_id, ()))
+        row = self.req_to_row.get(request.request_id)
+        return [] if row is None else self.block_tables.block_ids(row)
 
     def _block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """The request's chained block hashes, extended (and kept on it) to `num_blocks` blocks."""

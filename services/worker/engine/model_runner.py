@@ -77,48 +77,54 @@ class StepInputs:
 def prepare_inputs(out: SchedulerOutput, block_size: int, pad_to: int = 0) -> StepInputs:
     """Host tensors for a non-empty step. pad_to > number of chunks appends one-token padding
     sequences (slot -1: nothing written; context 1 of the null block) for a captured graph."""
-    chunks = out.chunks
-    lens = np.array([len(c.token_ids) for c in chunks] + [1] * max(0, pad_to - len(chunks)), dtype=np.int64)
-    num_seqs, num_real = len(lens), len(chunks)
+    # Column by column, each in one call: no Python loop over requests, which at hundreds of
+    # them costs more than the rest of the step's host work.
+    ids, token_ids, starts, rows, sample, sampling, histories, prompt_lens = zip(*out.chunks)
+    num_real = len(ids)
+    num_seqs = max(num_real, pad_to)
+    lens = np.ones(num_seqs, dtype=np.int64)
+    lens[:num_real] = np.fromiter(map(len, token_ids), dtype=np.int64, count=num_real)
     cu_seqlens = np.zeros(num_seqs + 1, dtype=np.int64)
     np.cumsum(lens, out=cu_seqlens[1:])
-    starts = np.array([c.start_position for c in chunks] + [0] * (num_seqs - num_real), dtype=np.int64)
-    # Ragged per-request lists flattened once, then placed by index arithmetic: no Python loop
-    # of numpy calls, which at hundreds of requests costs more than the rest of the step's host work.
-    num_blocks = np.fromiter((len(c.block_ids) for c in chunks), dtype=np.int64, count=num_real)
-    block_ids = np.fromiter(chain.from_iterable(c.block_ids for c in chunks), dtype=np.int64, count=int(num_blocks.sum()))
-    block_tables = np.full((num_seqs, int(num_blocks.max())), NULL_BLOCK_ID, dtype=np.int64)  # (N, W)
-    table_rows = np.repeat(np.arange(num_real), num_blocks)
-    block_tables[table_rows, np.arange(block_ids.size) - (np.cumsum(num_blocks) - num_blocks)[table_rows]] = block_ids
+    positions_start = np.zeros(num_seqs, dtype=np.int64)
+    positions_start[:num_real] = starts
+    context_lens = positions_start + lens  # (N,) this step's tokens included
+    # The step's rows of the persistent tables, as wide as its longest context.
+    width = cdiv(int(context_lens.max()), block_size)
+    block_tables = np.full((num_seqs, width), NULL_BLOCK_ID, dtype=np.int32)  # (N, W)
+    block_tables[:num_real] = out.block_tables[rows, :width]
 
+    num_real_tokens = int(cu_seqlens[num_real])
     seq_of_row = np.repeat(np.arange(num_seqs), lens)  # (T,)
-    positions = starts[seq_of_row] + np.arange(cu_seqlens[-1]) - cu_seqlens[seq_of_row]  # (T,)
-    slots = block_tables[seq_of_row, positions // block_size] * block_size + positions % block_size
-    slots[cu_seqlens[num_real] :] = -1  # padding rows write nothing
+    positions = positions_start[seq_of_row] + np.arange(cu_seqlens[-1]) - cu_seqlens[seq_of_row]  # (T,)
+    slots = block_tables[seq_of_row, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    slots[num_real_tokens:] = -1  # padding rows write nothing
     input_ids = np.zeros(cu_seqlens[-1], dtype=np.int64)
-    input_ids[: cu_seqlens[num_real]] = np.fromiter(
-        chain.from_iterable(c.token_ids for c in chunks), dtype=np.int64, count=int(cu_seqlens[num_real])
-    )
-    context_lens = starts + lens  # (N,) this step's tokens included
+    input_ids[:num_real_tokens] = np.fromiter(chain.from_iterable(token_ids), dtype=np.int64, count=num_real_tokens)
 
-    sampled = [i for i, c in enumerate(chunks) if c.sample]
     meta = AttentionMetadata(
         slot_mapping=torch.from_numpy(slots),
-        block_tables=torch.from_numpy(block_tables.astype(np.int32)),
+        block_tables=torch.from_numpy(block_tables),
         cu_seqlens_q=torch.from_numpy(cu_seqlens.astype(np.int32)),
         context_lens=torch.from_numpy(context_lens.astype(np.int32)),
         max_query_len=int(lens.max()),
     )
+    every_row = all(sample)  # a decode step samples every row
+    sampled = np.arange(num_real) if every_row else np.flatnonzero(np.fromiter(sample, dtype=bool, count=num_real))
+
+    def pick(column: tuple) -> list:
+        return list(column) if every_row else [column[i] for i in sampled]
+
     return StepInputs(
         input_ids=torch.from_numpy(input_ids),
         positions=torch.from_numpy(positions),
         meta=meta,
         sample_rows=torch.from_numpy(cu_seqlens[1:][sampled] - 1),
-        sample_ids=[chunks[i].request_id for i in sampled],
-        sampling=[chunks[i].sampling for i in sampled],
+        sample_ids=pick(ids),
+        sampling=pick(sampling),
         sample_positions=context_lens[sampled].tolist(),
-        histories=[chunks[i].history for i in sampled],
-        prompt_lens=[chunks[i].num_prompt_tokens for i in sampled],
+        histories=pick(histories),
+        prompt_lens=pick(prompt_lens),
     )
 
 
@@ -151,6 +157,7 @@ class ModelRunner:
             max_blocks = cdiv(config.max_model_len, self.block_size)
             self.graphs = CudaGraphRunner(model, self.kv_caches, config.max_num_seqs, max_blocks)
             self.graphs.capture()
+        self.num_graph_steps = 0  # steps whose model ran as one graph: CUDA replays and CPU graph steps
         self.decode_graphs: CpuDecodeGraphs | None = None
         if config.cpu_compile != "off" and self.device.type == "cpu":
             self.decode_graphs = CpuDecodeGraphs(model, self.kv_caches, self.block_size)
@@ -189,6 +196,7 @@ class ModelRunner:
         if self.decode_graphs is not None and len(inputs.sample_ids) == inputs.num_seqs:
             logits = self.decode_graphs.logits(inputs.input_ids, inputs.positions, inputs.meta)
             if logits is not None:
+                self.num_graph_steps += 1
                 return logits
         hidden = self._forward(inputs)  # (T or padded B, C)
         if not inputs.sample_ids:
@@ -198,6 +206,7 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs) -> torch.Tensor:  # (T, C)
         meta = inputs.meta
         if self.graphs is not None and meta.decode_only and inputs.num_seqs in self.graphs.graphs:
+            self.num_graph_steps += 1
             return self.graphs.replay(
                 inputs.input_ids, inputs.positions, meta.slot_mapping, meta.block_tables, meta.context_lens
             )

@@ -1,6 +1,7 @@
 """Per-request sampling settings, checked once, when they are made: an engine never holds a bad one."""
 
 from dataclasses import dataclass
+from functools import cached_property
 
 MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI allows
 MAX_LOGIT_BIAS = 100.0
@@ -53,15 +54,16 @@ class SamplingParams:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
 
-    @property
+    # Read for every sampled row of every step: computed once, kept in the instance's __dict__.
+    @cached_property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    @property
+    @cached_property
     def penalised(self) -> bool:
         """Whether this request's logits depend on the tokens it has seen."""
         return bool(self.frequency_penalty or self.presence_penalty) or self.repetition_penalty != 1.0
 
-    @property
+    @cached_property
     def processes_logits(self) -> bool:
         return self.penalised or bool(self.logit_bias) or self.min_tokens > 0

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
 
 from services.worker.engine.kv_cache_manager import KVCacheManager, cdiv
 from services.worker.engine.request import Request, RequestStatus
@@ -44,12 +47,14 @@ class SchedulerConfig:
             raise ValueError("long_prefill_token_threshold must be >= 0 (0 = off)")
 
 
-@dataclass(slots=True)
-class ScheduledChunk:
+class ScheduledChunk(NamedTuple):
+    """One request's part of a step. A tuple, so the runner takes a step's chunks apart column
+    by column in one call (zip(*chunks)), not one attribute read per request per field."""
+
     request_id: str
     token_ids: list[int]  # the tokens whose KV this step computes
     start_position: int  # position of token_ids[0]; KV of earlier positions is cached
-    block_ids: list[int]  # the request's whole block table: the live list, read-only, valid for this step
+    block_row: int  # the request's row of SchedulerOutput.block_tables
     sample: bool  # the chunk reaches the end of the known tokens: sample the next one
     sampling: SamplingParams = DEFAULT_SAMPLING
     history: Sequence[int] = ()  # the request's tokens so far (prompt, then output), for penalties
@@ -68,10 +73,18 @@ class SchedulerOutput:
     preempted_ids: list[str] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)
     num_scheduled_tokens: int = 0
+    # (R, W) block ids, a row per request holding blocks (BlockTables.array): the live array,
+    # read-only, valid for this step; a row's blocks past its chunk's tokens are not this step's.
+    block_tables: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int32))
 
     @property
     def is_empty(self) -> bool:
         return not self.chunks
+
+    def block_ids(self, chunk: ScheduledChunk, block_size: int) -> list[int]:
+        """The blocks that hold the chunk's request up to the end of this step's tokens."""
+        end = chunk.start_position + len(chunk.token_ids)
+        return self.block_tables[chunk.block_row, : cdiv(end, block_size)].tolist()
 
 
 @dataclass(slots=True)
@@ -79,16 +92,16 @@ class _StepPlan:
     """What one call of schedule() has decided so far."""
 
     budget: int
-    num_tokens: dict[str, int] = field(default_factory=dict)  # request id -> tokens this step
+    num_tokens: dict[Request, int] = field(default_factory=dict)  # tokens this step, in scheduling order
     preempted_ids: list[str] = field(default_factory=list)
     num_new_prefills: int = 0
 
     def add(self, request: Request, num_tokens: int) -> None:
-        self.num_tokens[request.request_id] = num_tokens
+        self.num_tokens[request] = num_tokens
         self.budget = max(0, self.budget - num_tokens)
 
     def drop(self, request: Request) -> None:
-        self.budget += self.num_tokens.pop(request.request_id, 0)
+        self.budget += self.num_tokens.pop(request, 0)
 
 
 class Scheduler:
@@ -204,48 +217,63 @@ class Scheduler:
         # preempt again next step.
         if not plan.preempted_ids:
             self._schedule_waiting(plan)
-        output = SchedulerOutput(preempted_ids=plan.preempted_ids, finished_ids=self._finished_ids)
+        make_chunk = self._make_chunk
+        chunks = [make_chunk(request, num_tokens) for request, num_tokens in plan.num_tokens.items()]
+        self.waiting.on_scheduled(plan.num_tokens)
+        num_tokens = sum(plan.num_tokens.values())
+        output = SchedulerOutput(
+            chunks, plan.preempted_ids, self._finished_ids, num_tokens, self.kv_cache_manager.block_tables.array
+        )
         self._finished_ids = []
-        for request_id, num_tokens in plan.num_tokens.items():
-            request = self.requests[request_id]
-            output.chunks.append(self._make_chunk(request, num_tokens))
-            output.num_scheduled_tokens += num_tokens
-            self.waiting.on_scheduled(request, num_tokens)
         return output
 
-    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:
-        """Record a finished step: advance computed tokens, cache full blocks, append samples."""
-        block_size = self.kv_cache_manager.block_size
+    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[tuple[Request, int]]:
+        """Record a finished step: advance computed tokens, cache full blocks, append samples.
+        Each request that got a token, with it, in the step's order."""
+        block_size, running = self.kv_cache_manager.block_size, RequestStatus.RUNNING
+        get_request, cache_blocks = self.requests.get, self.kv_cache_manager.cache_blocks
+        advanced: list[tuple[Request, int]] = []
         for chunk in output.chunks:
-            request = self.requests.get(chunk.request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
+            request = get_request(chunk.request_id)
+            if request is None or request.status is not running:
                 continue  # aborted while the step ran
             start = chunk.start_position
             request.num_computed_tokens = end = start + len(chunk.token_ids)
             if end // block_size > start // block_size:  # a block filled up: it may enter the prefix cache
-                self.kv_cache_manager.cache_blocks(request)
+                cache_blocks(request)
             if chunk.sample:
-                if chunk.request_id not in sampled:
+                token = sampled.get(chunk.request_id)
+                if token is None:
                     raise KeyError(f"no sampled token for request {chunk.request_id}")
-                request.append_output_token(sampled[chunk.request_id])
+                request.append_output_token(token)
+                advanced.append((request, token))
+        return advanced
 
     def _schedule_running(self, plan: _StepPlan) -> None:
         # Decodes before prefill chunks, so a long prompt already in flight cannot
-        # take the budget that keeps the other streams moving.
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens != 1]
-        for request in decodes + prefills:
+        # take the budget that keeps the other streams moving. Once per running request
+        # per step: locals and no property calls, at hundreds of requests.
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for request in self.running:
+            (decodes if len(request.all_token_ids) - request.num_computed_tokens == 1 else prefills).append(request)
+        allocate, running = self.kv_cache_manager.allocate_slots, RequestStatus.RUNNING
+        for request in decodes:
             if plan.budget <= 0:
-                break
-            if request.status is not RequestStatus.RUNNING:
-                continue  # preempted earlier in this step
-            remaining = request.num_tokens - request.num_computed_tokens
-            num_new = 1 if remaining == 1 else self._chunk_size(remaining, plan.budget)  # a decode: one token
-            if num_new > 0 and self._allocate_or_preempt(request, num_new, plan):
+                return
+            if request.status is running and (allocate(request, 1) is not None or self._preempt_until_fits(request, 1, plan)):
+                plan.add(request, 1)  # not preempted earlier in this step, and its token has a slot
+        for request in prefills:
+            if plan.budget <= 0:
+                return
+            if request.status is not running:
+                continue
+            num_new = self._chunk_size(request.num_tokens - request.num_computed_tokens, plan.budget)
+            if num_new > 0 and (allocate(request, num_new) is not None or self._preempt_until_fits(request, num_new, plan)):
                 plan.add(request, num_new)
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan) -> bool:
-        """Allocate, preempting the newest running requests until it fits; False if `request` went."""
+    def _preempt_until_fits(self, request: Request, num_new: int, plan: _StepPlan) -> bool:
+        """Preempt the newest running requests until `request` gets its slots; False if it went itself."""
         while self.kv_cache_manager.allocate_slots(request, num_new) is None:
             victim = self.running[-1]
             self._preempt(victim, plan)
@@ -330,13 +358,8 @@ class Scheduler:
     def _make_chunk(self, request: Request, num_tokens: int) -> ScheduledChunk:
         start = request.num_computed_tokens
         end = start + num_tokens
+        tokens = request.all_token_ids
         return ScheduledChunk(
-            request_id=request.request_id,
-            token_ids=request.all_token_ids[start:end],
-            start_position=start,
-            block_ids=self.kv_cache_manager.block_table(request),
-            sample=end == request.num_tokens,
-            sampling=request.sampling,
-            history=request.all_token_ids,
-            num_prompt_tokens=request.num_prompt_tokens,
-        )
+            request.request_id, tokens[start:end], start, self.kv_cache_manager.block_row(request),
+            end == len(tokens), request.sampling, tokens, request.num_prompt_tokens,
+        )  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from services.worker.engine.request import Request
 
@@ -14,8 +14,8 @@ class TenantOrder(abc.ABC):
 
     The scheduler peeks at the next request, tries to admit it, and pops it only
     when it was admitted, so a request that does not fit keeps its place.
-    `on_scheduled` reports every token computed for a tenant (prefill chunks and
-    decodes alike), which is what a fair-share policy charges its virtual clock with.
+    `on_scheduled` reports every token a step computes (prefill chunks and decodes
+    alike), which is what a fair-share policy charges its tenants' virtual clocks with.
     """
 
     @abc.abstractmethod
@@ -51,8 +51,8 @@ class TenantOrder(abc.ABC):
     def on_admitted(self, request: Request, num_cached: int) -> None:
         """The request left the queue for the running batch, `num_cached` of its tokens from the prefix cache."""
 
-    def on_scheduled(self, request: Request, num_tokens: int) -> None:
-        """Charge `num_tokens` computed this step to the request's tenant (no-op by default)."""
+    def on_scheduled(self, step: Mapping[Request, int]) -> None:
+        """Charge the tokens a step computes, per request, to their tenants (no-op by default)."""
 
 
 class FCFS(TenantOrder):

@@ -166,6 +166,7 @@ class EngineLoad:
     free_kv_blocks: int = 0
     prefix_hit_rate: float = 0.0  # prompt tokens served from the prefix cache
     steps: int = 0
+    graph_steps: int = 0  # steps whose model ran as one compiled (CPU) or captured (CUDA) graph
     preemptions: int = 0
     isolated_failures: int = 0  # batched steps that raised and were re-run request by request
     # Capacity, for the edges' admission: 0 where the engine has no such bound.

@@ -109,9 +109,11 @@ class VirtualTokenCounters(TenantOrder):
             self._charge(request, cost)
         self._last_served = self.counters.get(request.tenant, 0.0)
 
-    def on_scheduled(self, request: Request, num_tokens: int) -> None:
-        if request.num_computed_tokens + num_tokens == request.num_tokens:  # the step samples a token
-            self._charge(request, self.costs.w_out)
+    def on_scheduled(self, step: Mapping[Request, int]) -> None:
+        w_out = self.costs.w_out
+        for request, num_tokens in step.items():
+            if request.num_computed_tokens + num_tokens == len(request.all_token_ids):  # the step samples a token
+                self._charge(request, w_out)
 
     def _charge(self, request: Request, cost: float) -> None:
         tenant = request.tenant
