@@ -135,6 +135,7 @@ PER_STEP: list[Target] = [
     ("update", lambda e: e, "_update"),
     ("update.scheduler_update", lambda e: e.scheduler, "update_from_output"),
     ("schedule.tenant_order", lambda e: e.scheduler.waiting, "on_scheduled"),
+    ("schedule.fit_one_more", lambda e: e.kv_cache_manager, "fit_one_more"),
 ]
 PER_REQUEST: list[Target] = [
     ("schedule.allocate_slots", lambda e: e.kv_cache_manager, "allocate_slots"),
@@ -145,7 +146,7 @@ PER_REQUEST: list[Target] = [
 # What each inclusive timer holds besides its timed children: the rest is its own code.
 CHILDREN = {
     "step": ("schedule", "announce_starts", "run", "update"),
-    "schedule": ("schedule.tenant_order",),
+    "schedule": ("schedule.tenant_order", "schedule.fit_one_more"),
     "run": tuple(name for name, _, _ in PER_STEP if name.startswith("run.")) + ("run.gather_rows",),
     "update": ("update.scheduler_update",),
 }

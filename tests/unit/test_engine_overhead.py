@@ -51,7 +51,7 @@ def test_a_measured_batch_is_split_into_its_calls_and_the_timers_are_undone(over
     breakdown = result["breakdown_ms"]
     assert breakdown["run.sampler"] > 0 and breakdown["run.prepare_inputs"] > 0 and breakdown["schedule"] > 0
     assert breakdown["host"] == pytest.approx(result["host_ms"]) and 0 < result["host_ms"] < breakdown["step"]
-    assert result["per_request_calls"]["schedule.allocate_slots"]["calls"] == 4
+    assert result["per_request_calls"]["schedule.make_chunk"]["calls"] == 4
     assert model_runner.prepare_inputs is prepare_inputs
     assert "schedule" not in vars(engine.scheduler) and "run" not in vars(engine.runner) and stub.timers is None
     assert not engine.has_unfinished_requests()

@@ -227,8 +227,9 @@ class Engine:
         advanced = self.scheduler.update_from_output(out, sampled.tokens)
         # Once per running request per step: locals, not attribute lookups, at hundreds of requests.
         all_logprobs, grammars, park = sampled.logprobs, self.grammars, self.handoffs.park
+        constrained = bool(grammars)  # none now: none of these requests has a grammar
         for request, token in advanced:
-            grammar_complete = bool(grammars) and grammars.accept(request.request_id, token)
+            grammar_complete = constrained and grammars.accept(request.request_id, token)
             reason = self._stop_reason(request, token, grammar_complete)
             if reason is not None:
                 self.finish_request(request.request_id, reason)

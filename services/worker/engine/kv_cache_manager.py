@@ -71,6 +71,14 @@ class KVCacheManager:
             hits.append(block)
         return hits, len(hits) * self.block_size
 
+    def fit_one_more(self, requests: list[Request]) -> list[bool]:
+        """Whether each request's next token fits in the blocks it holds, as it does in most decode
+        steps: one call for the batch, where allocate_slots would be one call per request."""
+        block_size, max_len, blocks_of = self.block_size, self.max_model_len, self.req_to_blocks
+        return [
+            r.num_computed_tokens < min(len(blocks_of.get(r.request_id, ())) * block_size, max_len) for r in requests
+        ]
+
     def allocate_slots(
         self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock] = ()
     ) -> list[int] | None:

@@ -258,11 +258,13 @@ class Scheduler:
         for request in self.running:
             (decodes if len(request.all_token_ids) - request.num_computed_tokens == 1 else prefills).append(request)
         allocate, running = self.kv_cache_manager.allocate_slots, RequestStatus.RUNNING
-        for request in decodes:
+        for request, fits in zip(decodes, self.kv_cache_manager.fit_one_more(decodes), strict=True):
             if plan.budget <= 0:
                 return
-            if request.status is running and (allocate(request, 1) is not None or self._preempt_until_fits(request, 1, plan)):
-                plan.add(request, 1)  # not preempted earlier in this step, and its token has a slot
+            if request.status is not running:
+                continue  # preempted earlier in this step
+            if fits or allocate(request, 1) is not None or self._preempt_until_fits(request, 1, plan):
+                plan.add(request, 1)
         for request in prefills:
             if plan.budget <= 0:
                 return
