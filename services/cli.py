@@ -28,6 +28,9 @@ from shared.settings import (
     from_environment,
 )
 
+READY_TIMEOUT_S = 600  # `up`: the longest a fleet may take to serve, once its services are started
+COMPILING_READY_TIMEOUT_S = 1800  # ...when its workers compile their CPU decode graphs first
+
 if TYPE_CHECKING:
     from services.launcher.regions import RegionFleets
     from shared.infra.settings import InfraSettings
@@ -190,6 +193,13 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
+def ready_timeout_s(model: str, worker: WorkerSettings) -> float:
+    """How long `up` waits for its fleet to serve. A worker that compiles its CPU decode graphs
+    before it serves takes minutes (~5 on 2 cores) and is not stuck."""
+    compiling = model != "echo" and worker.engine.cpu_compile == "on"
+    return COMPILING_READY_TIMEOUT_S if compiling else READY_TIMEOUT_S
+
+
 def _up(args: argparse.Namespace) -> int:
     from services.launcher.fleet import Fleet
     from services.launcher.restarts import RestartPolicy
@@ -214,7 +224,7 @@ def _up(args: argparse.Namespace) -> int:
         fleet, urls = _regions(args, infra, log_dir)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        fleet.start(ready_timeout_s=600)
+        fleet.start(ready_timeout_s=ready_timeout_s(args.model, from_environment(WorkerSettings)))
         print(f"\nDrivetrain is up: {', '.join(urls)} (API key dev-key)")
         print('Try: drivetrain chat "What is the capital of France?"   Ctrl-C stops.\n', flush=True)
         while True:

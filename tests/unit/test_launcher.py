@@ -2,8 +2,11 @@
 
 import pytest
 
+from services.cli import COMPILING_READY_TIMEOUT_S, READY_TIMEOUT_S, ready_timeout_s
 from services.launcher.restarts import ChildLife, ChildState, RestartPolicy
 from services.launcher.spec import FleetSpec
+from services.worker.engine.settings import EngineSettings
+from services.worker.settings import WorkerSettings
 
 
 def test_backoff_doubles_up_to_its_ceiling():
@@ -49,3 +52,11 @@ def test_children_get_their_ports_and_a_worker_a_fresh_name_each_start():
     assert FleetSpec.at(8080) == FleetSpec()  # the defaults are the fleet at 8080
     with pytest.raises(KeyError):
         spec.child("broker-0")
+
+
+def test_up_waits_longer_for_workers_that_compile_their_decode_graphs_first():
+    compiling = WorkerSettings(engine=EngineSettings(cpu_compile="on"))
+    assert ready_timeout_s("smollm2", compiling) == COMPILING_READY_TIMEOUT_S > READY_TIMEOUT_S
+    assert ready_timeout_s("echo", compiling) == READY_TIMEOUT_S  # the echo model compiles nothing
+    for mode in ("off", "background"):  # serves at once
+        assert ready_timeout_s("smollm2", WorkerSettings(engine=EngineSettings(cpu_compile=mode))) == READY_TIMEOUT_S
