@@ -136,6 +136,9 @@ async def test_the_stream_cap_holds_across_edges_and_every_ending_gives_a_slot_b
         started = time.monotonic()
         assert (await eventually_accepted(fleet.spec.chat_url(0), key, RESUME_GRACE_S + 8))["type"] == "accepted"
         assert time.monotonic() - started >= RESUME_GRACE_S * 0.8  # not before the grace ran out
+        # Ended here, not a resume grace after the socket closes: the next tests fill the fleet's seats.
+        await a.send({"type": "cancel", "id": "a3"})
+        assert (await a.collect("a3")).final["finish_reason"] == "cancelled"
     finally:
         await a.close()
         await b.close()
