@@ -249,6 +249,6 @@ class Engine:
         # a grammar that is complete allows nothing more.
         if grammar_complete or self._is_end_token(request, token):
             return FinishReason.STOP
-        if len(request.all_token_ids) >= request.max_num_tokens:  # max_tokens, or max_model_len (add_request capped it)
+        if request.reached_max_num_tokens:  # max_tokens, or max_model_len (add_request capped it)
             return FinishReason.LENGTH
         return None

@@ -100,7 +100,7 @@ class Request:
     @property
     def reached_max_num_tokens(self) -> bool:
         """True once the request may not grow: the engine finishes it with LENGTH."""
-        return self.num_tokens >= self.max_num_tokens
+        return len(self.all_token_ids) >= self.max_num_tokens  # read per request per step: no nested property
 
     def append_output_token(self, token_id: int) -> None:
         self.all_token_ids.append(token_id)
