@@ -78,8 +78,13 @@ def main(settings: WorkerSettings) -> None:
     # was ~385k objects and a ~350 ms pause of every stream, now about nothing.
     gc.collect()
     gc.freeze()
-    run_until_signalled(
-        lambda stopping: serve_worker(settings, engine, health, stopping),
-        on_signal=lambda: health.set(Lifecycle.DRAINING),
-        backstop_s=settings.drain_timeout_s + DRAIN_BACKSTOP_MARGIN_S,
-    )
+    try:
+        run_until_signalled(
+            lambda stopping: serve_worker(settings, engine, health, stopping),
+            on_signal=lambda: health.set(Lifecycle.DRAINING),
+            backstop_s=settings.drain_timeout_s + DRAIN_BACKSTOP_MARGIN_S,
+        )
+    finally:
+        # Back to the collector for the interpreter's last pass: frozen objects are never
+        # finalised, and native bindings (Triton's) would report them as leaked at every stop.
+        gc.unfreeze()
