@@ -4,7 +4,8 @@ What a step's sequences read from the cache is worked out once per step (a CpuAt
 then every layer does a few whole-block gathers and one fused attention call per group:
 - decoding sequences are grouped by length (each group's contexts within a factor of two), so
   no sequence is padded to the batch's longest context;
-- each prompt chunk attends causally over its cached prefix and itself;
+- each prompt chunk attends to its cached prefix (no mask) and causally to itself, the two merged
+  by their log-sum-exps: a mask over the whole context would cost every masked pair too;
 - new K/V are written by index into the flat cache.
 `decode_group_attention` is one decode group in plain tensor operations, for a compiled graph.
 The references in decode_attention.py and prefill_attention.py stay the ground truth.
@@ -41,7 +42,11 @@ class PromptChunk:
     end: int
     blocks: torch.Tensor  # (NB,) int64
     context_len: int
-    mask: torch.Tensor | None  # (L, context_len) bool; None: plain causal (no cached prefix)
+
+    @property
+    def prefix(self) -> int:
+        """Cached positions before the chunk's own."""
+        return self.context_len - (self.end - self.start)
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,7 @@ class CpuAttentionPlan:
                 decoding.append(seq)
             else:
                 blocks = tables[seq, : math.ceil(context_len / block_size)]
-                chunks.append(_prompt_chunk(start, end, blocks, context_len))
+                chunks.append(PromptChunk(start, end, blocks, context_len))
         groups = [_decode_group(seqs, bounds, lengths, tables, block_size)
                   for seqs in _by_length(decoding, lengths)]
         return cls(write_slots, write_rows, groups, chunks, num_rows=bounds[-1])
@@ -130,16 +135,6 @@ def _decode_group(seqs: list[int], bounds: list[int], lengths: list[int], tables
     visible = torch.arange(length)[None, :] < contexts[:, None]  # (n, S)
     rows = torch.tensor([bounds[s] for s in seqs])
     return DecodeGroup(rows, blocks, None if bool(visible.all()) else visible[:, None, None, :], length)
-
-
-def _prompt_chunk(start: int, end: int, blocks: torch.Tensor, context_len: int) -> PromptChunk:
-    num_queries = end - start
-    prefix = context_len - num_queries
-    if prefix == 0:
-        return PromptChunk(start, end, blocks, context_len, None)
-    # Query i sits at position prefix + i and sees every key up to its own position.
-    mask = torch.arange(context_len)[None, :] <= (prefix + torch.arange(num_queries))[:, None]
-    return PromptChunk(start, end, blocks, context_len, mask)
 
 
 def write_kv_cpu(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -222,8 +217,20 @@ def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chun
              plan: CpuAttentionPlan, scale: float) -> torch.Tensor:  # (L, Hq, D)
     keys = plan.gather(k_cache, chunk.blocks[None], "k")[0, :, : chunk.context_len]  # (Hkv, C, D)
     values = plan.gather(v_cache, chunk.blocks[None], "v")[0, :, : chunk.context_len]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), keys, values, attn_mask=chunk.mask, is_causal=chunk.mask is None,
-        scale=scale, enable_gqa=True,
-    )  # (Hq, L, D)
-    return out.transpose(0, 1)
+    queries = q.transpose(0, 1)[None]  # (1, Hq, L, D)
+    prefix = chunk.prefix
+    out, own_lse = _flash(queries, keys[None, :, prefix:], values[None, :, prefix:], True, scale)
+    if prefix > 0:
+        cached, cached_lse = _flash(queries, keys[None, :, :prefix], values[None, :, :prefix], False, scale)
+        # Each part is softmax-normalised over its own keys; weighted by its share of the whole
+        # context's exp-sum, the two add up to attention over all of it.
+        cached_share = torch.sigmoid(cached_lse - own_lse).unsqueeze(-1)  # (1, Hq, L, 1)
+        out = out + (cached - out) * cached_share.to(out.dtype)
+    return out[0].transpose(0, 1)
+
+
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+           scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's CPU flash attention (the kernel behind scaled_dot_product_attention) with each row's
+    log-sum-exp, which the public call does not return. Query heads share KV heads as enable_gqa."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)

@@ -338,6 +338,17 @@ def test_cpu_mixed_step_matches_prefill_ref(group: int) -> None:
                                atol=ATOL, rtol=RTOL)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_chunk_after_a_long_prefix_matches_prefill_ref(dtype: torch.dtype) -> None:
+    # A prefix longer than the fused kernel's key splits, a chunk longer than its query splits: the
+    # cached and own parts are attended apart and merged by their log-sum-exps.
+    q, k_cache, v_cache, tables, cu, lens = _prefill_case([(1100, 300), (17, 530)], 3, 64, 16, seed=25)
+    expected = paged_prefill_attention_ref(q, k_cache, v_cache, tables, cu, lens, 0.125)
+    out = _cpu_attention(q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), tables, cu, lens, 0.125)
+    atol, rtol = (ATOL, RTOL) if dtype == torch.float32 else (2e-2, 2e-2)
+    torch.testing.assert_close(out.float(), expected, atol=atol, rtol=rtol)
+
+
 def test_cpu_zero_context_rows_give_zeros() -> None:
     q, k_cache, v_cache, tables, lens = _decode_case([0, 12, 0], 2, 16, 16, seed=23)
     out = _cpu_attention(q, k_cache, v_cache, tables, torch.arange(4, dtype=torch.int32), lens, 0.2)
