@@ -16,7 +16,7 @@ tenant, requests wait by priority (lower first), then by arrival.
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -106,18 +106,20 @@ class VirtualTokenCounters(TenantOrder):
         if request.num_preemptions == 0:  # a recomputation after preemption is the system's doing
             costs = self.costs
             cost = (request.num_prompt_tokens - num_cached) * costs.w_in + num_cached * costs.w_cached
-            self._charge(request, cost)
+            self._charge(request.tenant, request.weight, cost)
         self._last_served = self.counters.get(request.tenant, 0.0)
 
     def on_scheduled(self, step: Mapping[Request, int]) -> None:
-        w_out = self.costs.w_out
-        for request, num_tokens in step.items():
-            if request.num_computed_tokens + num_tokens == len(request.all_token_ids):  # the step samples a token
-                self._charge(request, w_out)
+        # Hundreds of requests a step, a handful of tenants: one charge per (tenant, weight).
+        sampling = Counter(
+            (request.tenant, request.weight) for request, num_tokens in step.items()
+            if request.num_computed_tokens + num_tokens == len(request.all_token_ids)  # the step samples a token
+        )  # fmt: skip
+        for (tenant, weight), num_sampled in sampling.items():
+            self._charge(tenant, weight, num_sampled * self.costs.w_out)
 
-    def _charge(self, request: Request, cost: float) -> None:
-        tenant = request.tenant
-        self.counters[tenant] = self.counters.get(tenant, 0.0) + cost / self.costs.weight(tenant, request.weight)
+    def _charge(self, tenant: str, weight: float, cost: float) -> None:
+        self.counters[tenant] = self.counters.get(tenant, 0.0) + cost / self.costs.weight(tenant, weight)
 
     # Order ------------------------------------------------------------------------------
     def _next_tenant(self) -> str | None:
