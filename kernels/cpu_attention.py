@@ -1,7 +1,8 @@
 """Paged attention on the CPU through PyTorch's fused scaled_dot_product_attention.
 
 What a step's sequences read from the cache is worked out once per step (a CpuAttentionPlan),
-then every layer does a few whole-block gathers and one fused attention call per group:
+then every layer does a few whole-block gathers and one fused attention call per group (two
+for a prompt chunk after a cached prefix):
 - decoding sequences are grouped by length (each group's contexts within a factor of two), so
   no sequence is padded to the batch's longest context;
 - each prompt chunk attends to its cached prefix (no mask) and causally to itself, the two merged
