@@ -25,6 +25,8 @@ VARIANTS: dict[str, dict] = {
     "int8+compile": dict(dtype="float32", quantization="int8", cpu_compile="on"),
     "int4": dict(dtype="float32", quantization="int4"),
     "int4+compile": dict(dtype="float32", quantization="int4", cpu_compile="on"),
+    "w8a8": dict(dtype="float32", quantization="w8a8"),
+    "w8a8+compile": dict(dtype="float32", quantization="w8a8", cpu_compile="on"),
 }
 BLOCK_SIZE = 16
 

@@ -12,6 +12,7 @@ from services.worker.engine.attention import AttentionMetadata
 from services.worker.engine.cpu_graphs import MIN_BLOCKS, decode_group
 from services.worker.engine.engine import Engine
 from services.worker.engine.model import LlamaModel
+from services.worker.engine.quantize import quantize_
 from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.settings import EngineSettings
@@ -115,3 +116,16 @@ def test_two_compiled_engines_in_one_process_keep_their_own_weights(tiny: LlamaM
     eager = [run(Engine(copy.deepcopy(m), EngineSettings(num_kv_blocks=64), 512, eos_token_ids=()), prompt, "w")
              for m in (tiny, other)]
     assert ours == eager and ours[0] != ours[1]
+
+
+def test_w8a8_projections_compile_into_the_graphs_with_the_eager_tokens(tiny: LlamaModel, one_torch_thread) -> None:
+    # oneDNN's int8 product is an opaque packed weight to the compiler: it must lower, not fall back.
+    compiled, eager = (
+        Engine(quantize_(copy.deepcopy(tiny), "w8a8"), EngineSettings(num_kv_blocks=64, cpu_compile=compile),
+               512, eos_token_ids=())
+        for compile in ("on", "off")
+    )
+    assert not compiled.runner.decode_graphs.failed
+    batch = [list(range(100 + 9 * i, 130 + 11 * i)) for i in range(3)]
+    assert run(compiled, batch, "q") == run(eager, batch, "q")
+    assert compiled.load().graph_steps >= GREEDY.max_tokens - 1

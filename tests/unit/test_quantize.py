@@ -1,5 +1,5 @@
-"""Weight-only int8, int4 and bfloat16: close to float32 matrix by matrix, int4 exact on weights in
-its own grid (as SmolLM2's Q4_1 weights are), and SmolLM2 still answers."""
+"""Weight-only int8, int4, W8A8 and bfloat16: close to float32 matrix by matrix, int4 exact on
+weights in its own grid (as SmolLM2's Q4_1 weights are), and SmolLM2 still answers."""
 
 import pytest
 import torch
@@ -10,7 +10,9 @@ from services.worker.engine.quantize import (
     INT4_GROUP,
     Int4Linear,
     Int8Linear,
+    W8A8Linear,
     int4_codes,
+    int8_rows,
 )
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.settings import EngineSettings
@@ -33,6 +35,32 @@ def test_int8_keeps_a_zero_row_zero_and_a_batch_shape() -> None:
     weight[3] = 0
     out = Int8Linear(weight)(torch.randn(2, 5, 16))
     assert out.shape == (2, 5, 8) and torch.equal(out[..., 3], torch.zeros(2, 5))
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_w8a8_linear_multiplies_the_rows_codes_by_the_weights_codes(rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight, x = torch.randn(96, 160, generator=gen), torch.randn(rows, 160, generator=gen)
+    x[0] *= 1000  # a row's scale is its own: a loud row leaves the others' precision alone
+    out = W8A8Linear(weight)(x)
+    codes, scale = int8_rows(weight)
+    x_codes, x_scale = int8_rows(x)
+    expected = (x_codes.double() @ codes.double().T * x_scale[:, None].double() * scale.double()).float()
+    assert out.shape == (rows, 96) and out.dtype == x.dtype
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    for row in range(rows):  # and each row is close to its float32 product
+        exact = F.linear(x[row], weight)
+        assert (out[row] - exact).norm() / exact.norm() < 0.02
+
+
+def test_w8a8_keeps_zero_rows_zero_and_a_batch_shape() -> None:
+    weight = torch.randn(8, 16)
+    weight[3] = 0
+    x = torch.randn(2, 5, 16)
+    x[1, 2] = 0
+    out = W8A8Linear(weight)(x)
+    assert out.shape == (2, 5, 8) and torch.equal(out[..., 3], torch.zeros(2, 5))
+    assert torch.equal(out[1, 2], torch.zeros(8))
 
 
 def dequantize_int4(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
@@ -70,7 +98,7 @@ def test_int4_refuses_inputs_that_do_not_split_into_groups() -> None:
 
 
 @pytest.mark.parametrize(
-    "dtype, quantization", [("float32", "none"), ("bfloat16", "none"), ("float32", "int8"), ("float32", "int4")]
+    "dtype, quantization", [("float32", "none"), ("bfloat16", "none"), ("float32", "int8"), ("float32", "int4"), ("float32", "w8a8")]
 )
 def test_smollm2_answers_in_every_dtype(dtype: str, quantization: str) -> None:
     settings = EngineSettings(num_kv_blocks=32, dtype=dtype, quantization=quantization)

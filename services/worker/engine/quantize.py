@@ -1,12 +1,18 @@
-"""Weight-only quantization of a loaded model, for decoding on a CPU.
+"""Quantization of a loaded model's projections, for serving on a CPU.
 
 Decoding a few streams reads every weight once per token, so its speed is the bytes read: int8
-weights are a quarter of float32's, int4 an eighth. The matrices are multiplied by PyTorch's own
+weights are a quarter of float32's, int4 an eighth. Weight-only schemes multiply by PyTorch's own
 packed-weight kernels, with bfloat16 activations (their fast path):
 - int8: one scale per output channel (`_weight_int8pack_mm`);
 - int4: groups of 32 input channels, each with a scale and an offset (`_weight_int4pack_mm_for_cpu`):
   llama.cpp's Q4_1 layout, so SmolLM2's shipped Q4_1 weights come back exactly, up to bfloat16
   rounding of the scales. The output layer stays int8, as the shipped file keeps it in Q8_0.
+
+Many streams at once, and long prompts, are bound by arithmetic instead: a product of 64 rows
+costs the same float multiplies whatever the weights' width. `w8a8` quantizes the activations
+too, per row at every call, and multiplies in int8 through oneDNN (`onednn.qlinear_pointwise`,
+the kernel inductor's own int8 lowering calls); with AVX512-VNNI a 64-row SmolLM2 projection ran
+3.5-8x faster than float32. All of its layers, the output one included, are W8A8.
 """
 
 from __future__ import annotations
@@ -21,6 +27,16 @@ INT4_LEVELS = 15  # codes 0..15
 INT4_GROUP = 32  # input channels sharing one scale and offset, as in Q4_1
 INT4_MIDPOINT = 8  # the kernel reads a code q as (q - 8) * scale + offset
 INT4_INNER_K_TILES = 1  # a GPU packing's tiling: the CPU packing takes the argument and ignores it
+# oneDNN's fast int8 path takes unsigned activations with one zero point: a row's symmetric codes
+# -127..127 are stored shifted by 128, and its own scale is applied to the output row afterwards.
+UINT8_ZERO_POINT = 128
+
+
+def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 of (out, in) weights with one float32 scale per output row."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / INT8_MAX  # (out,)
+    return torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
 
 
 class Int8Linear(nn.Module):
@@ -28,9 +44,8 @@ class Int8Linear(nn.Module):
 
     def __init__(self, weight: torch.Tensor) -> None:  # (out, in), any float dtype
         super().__init__()
-        w = weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / INT8_MAX  # (out,)
-        self.register_buffer("weight", torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8))
+        codes, scale = int8_rows(weight)
+        self.register_buffer("weight", codes)
         self.register_buffer("scale", scale.to(torch.bfloat16))
 
     @property
@@ -41,6 +56,30 @@ class Int8Linear(nn.Module):
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         out = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scale)  # (N, out) bfloat16
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+
+class W8A8Linear(nn.Module):
+    """y = x W^T with W as int8 rows times a per-row scale, and x quantized to int8 per row at each
+    call: the product runs in integers (oneDNN), then takes both scales."""
+
+    def __init__(self, weight: torch.Tensor) -> None:  # (out, in), any float dtype
+        super().__init__()
+        codes, scale = int8_rows(weight)
+        self.out_features = codes.shape[0]
+        self.register_buffer("weight", torch.ops.onednn.qlinear_prepack(codes, None))  # oneDNN's own layout
+        self.register_buffer("weight_scale", scale)
+        self.register_buffer("weight_zero_point", torch.zeros(self.out_features, dtype=torch.int32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out), x's dtype
+        rows = x.reshape(-1, x.shape[-1]).float()
+        row_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / INT8_MAX
+        codes = (torch.round(rows / row_scale) + UINT8_ZERO_POINT).to(torch.uint8)
+        # The input scale is 1: each row's own scale is applied to the output row.
+        out = torch.ops.onednn.qlinear_pointwise(
+            codes, 1.0, UINT8_ZERO_POINT, self.weight, self.weight_scale, self.weight_zero_point,
+            None, 1.0, 0, torch.float32, "none", [], "",
+        )  # (N, out) float32: the codes' products times W's scales
+        return (out * row_scale).to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
 def int4_codes(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -76,15 +115,16 @@ class Int4Linear(nn.Module):
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
-PROJECTIONS: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int4Linear}
+PROJECTIONS: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int4Linear, "w8a8": W8A8Linear}
+OUTPUT_LAYERS: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int8Linear, "w8a8": W8A8Linear}
 
 
 def quantize_(model: LlamaModel, scheme: str) -> LlamaModel:
-    """Swap every projection for the scheme's (int8 or int4), and the output layer for Int8Linear,
-    in place. The embedding table stays as it is (a lookup reads one row); tied weights get an int8
-    copy for the logits."""
+    """Swap every projection for the scheme's (int8, int4 or w8a8), and the output layer for its
+    int8 one, in place. The embedding table stays as it is (a lookup reads one row); tied weights
+    get an int8 copy for the logits."""
     if scheme not in PROJECTIONS:
-        raise ValueError(f"weight-only quantization is one of {sorted(PROJECTIONS)}, got {scheme!r}")
+        raise ValueError(f"quantization is one of {sorted(PROJECTIONS)}, got {scheme!r}")
     quantized = PROJECTIONS[scheme]
     for layer in model.layers:
         attention, mlp = layer.self_attn, layer.mlp
@@ -93,5 +133,5 @@ def quantize_(model: LlamaModel, scheme: str) -> LlamaModel:
         mlp.gate_up_proj = quantized(mlp.gate_up_proj.weight)
         mlp.down_proj = quantized(mlp.down_proj.weight)
     output = model.embed_tokens if model.lm_head is None else model.lm_head
-    model.lm_head = Int8Linear(output.weight)
+    model.lm_head = OUTPUT_LAYERS[scheme](output.weight)
     return model
