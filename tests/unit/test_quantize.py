@@ -1,6 +1,11 @@
 """Weight-only int8, int4, W8A8 and bfloat16: close to float32 matrix by matrix, int4 exact on
 weights in its own grid (as SmolLM2's Q4_1 weights are), and SmolLM2 still answers."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,9 +13,12 @@ import torch.nn.functional as F
 from services.worker.engine.llm_engine import build_llm_engine
 from services.worker.engine.quantize import (
     INT4_GROUP,
+    INT7_MAX,
+    INT8_MAX,
     Int4Linear,
     Int8Linear,
     W8A8Linear,
+    activation_levels,
     int4_codes,
     int8_rows,
 )
@@ -18,6 +26,8 @@ from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.settings import EngineSettings
 from shared.models.errors import ModelError
 from shared.models.spec import resolve_model
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64])
@@ -37,20 +47,42 @@ def test_int8_keeps_a_zero_row_zero_and_a_batch_shape() -> None:
     assert out.shape == (2, 5, 8) and torch.equal(out[..., 3], torch.zeros(2, 5))
 
 
+@pytest.mark.parametrize("levels", sorted({activation_levels(), INT7_MAX}))  # this CPU's own, and 7 bits
 @pytest.mark.parametrize("rows", [1, 7, 64])
-def test_w8a8_linear_multiplies_the_rows_codes_by_the_weights_codes(rows: int) -> None:
+def test_w8a8_linear_multiplies_the_rows_codes_by_the_weights_codes(rows: int, levels: int) -> None:
     gen = torch.Generator().manual_seed(rows)
     weight, x = torch.randn(96, 160, generator=gen), torch.randn(rows, 160, generator=gen)
     x[0] *= 1000  # a row's scale is its own: a loud row leaves the others' precision alone
-    out = W8A8Linear(weight)(x)
-    codes, scale = int8_rows(weight)
-    x_codes, x_scale = int8_rows(x)
-    expected = (x_codes.double() @ codes.double().T * x_scale[:, None].double() * scale.double()).float()
+    out = W8A8Linear(weight, levels)(x)
     assert out.shape == (rows, 96) and out.dtype == x.dtype
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    torch.testing.assert_close(out, exact_w8a8(weight, x, levels))
     for row in range(rows):  # and each row is close to its float32 product
         exact = F.linear(x[row], weight)
-        assert (out[row] - exact).norm() / exact.norm() < 0.02
+        assert (out[row] - exact).norm() / exact.norm() < (0.02 if levels == INT8_MAX else 0.04)
+
+
+def exact_w8a8(weight: torch.Tensor, x: torch.Tensor, levels: int) -> torch.Tensor:
+    codes, scale = int8_rows(weight)
+    x_codes, x_scale = int8_rows(x, levels)
+    return (x_codes.double() @ codes.double().T * x_scale[:, None].double() * scale.double()).float()
+
+
+def test_w8a8_without_vnni_takes_7_bit_activations_exactly() -> None:
+    # oneDNN held to AVX2 multiplies as a CPU without VNNI does, saturating pairs of products
+    # at 16 bits: 8-bit activations come out wrong there, the 7 bits chosen for it do not.
+    script = """
+import torch
+from services.worker.engine.quantize import INT7_MAX, INT8_MAX, W8A8Linear
+from tests.unit.test_quantize import exact_w8a8
+gen = torch.Generator().manual_seed(0)
+weight, x = torch.randn(96, 160, generator=gen), torch.randn(64, 160, generator=gen)
+for levels in (INT8_MAX, INT7_MAX):
+    print(levels, torch.allclose(W8A8Linear(weight, levels)(x), exact_w8a8(weight, x, levels), rtol=1e-5, atol=1e-3))
+"""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(INT8_MAX), "False", str(INT7_MAX), "True"]
 
 
 def test_w8a8_keeps_zero_rows_zero_and_a_batch_shape() -> None:

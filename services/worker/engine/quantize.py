@@ -10,9 +10,10 @@ packed-weight kernels, with bfloat16 activations (their fast path):
 
 Many streams at once, and long prompts, are bound by arithmetic instead: a product of 64 rows
 costs the same float multiplies whatever the weights' width. `w8a8` quantizes the activations
-too, per row at every call, and multiplies in int8 through oneDNN (`onednn.qlinear_pointwise`,
-the kernel inductor's own int8 lowering calls); with AVX512-VNNI a 64-row SmolLM2 projection ran
-3.5-8x faster than float32. All of its layers, the output one included, are W8A8.
+too, per row at every call (8 bits with VNNI, 7 without), and multiplies in integers through
+oneDNN (`onednn.qlinear_pointwise`, the kernel inductor's own int8 lowering calls); with
+AVX512-VNNI a 64-row SmolLM2 product ran 3.5-8x faster than float32's. All of its layers, the
+output one included, are W8A8.
 """
 
 from __future__ import annotations
@@ -27,16 +28,22 @@ INT4_LEVELS = 15  # codes 0..15
 INT4_GROUP = 32  # input channels sharing one scale and offset, as in Q4_1
 INT4_MIDPOINT = 8  # the kernel reads a code q as (q - 8) * scale + offset
 INT4_INNER_K_TILES = 1  # a GPU packing's tiling: the CPU packing takes the argument and ignores it
-# oneDNN's fast int8 path takes unsigned activations with one zero point: a row's symmetric codes
-# -127..127 are stored shifted by 128, and its own scale is applied to the output row afterwards.
-UINT8_ZERO_POINT = 128
+# Without VNNI, x86 multiplies unsigned by signed bytes with vpmaddubsw, which sums each pair of
+# products in 16 bits and saturates: an activation code of 255 times a weight of 127, twice,
+# overflows; 127 times 127, twice, does not. So activations there get 7 bits.
+INT7_MAX = 63
 
 
-def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 of (out, in) weights with one float32 scale per output row."""
+def int8_rows(weight: torch.Tensor, levels: int = INT8_MAX) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric codes -levels..levels of (out, in) values as int8, one float32 scale per row."""
     w = weight.detach().float()
-    scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / INT8_MAX  # (out,)
-    return torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+    scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / levels  # (out,)
+    return torch.round(w / scale[:, None]).clamp(-levels, levels).to(torch.int8), scale
+
+
+def activation_levels() -> int:
+    """The widest activation codes this CPU's int8 products take exactly (see INT7_MAX)."""
+    return INT8_MAX if torch.cpu._is_vnni_supported() else INT7_MAX
 
 
 class Int8Linear(nn.Module):
@@ -59,24 +66,27 @@ class Int8Linear(nn.Module):
 
 
 class W8A8Linear(nn.Module):
-    """y = x W^T with W as int8 rows times a per-row scale, and x quantized to int8 per row at each
-    call: the product runs in integers (oneDNN), then takes both scales."""
+    """y = x W^T with W as int8 rows times a per-row scale, and x quantized per row at each call:
+    the product runs in integers (oneDNN), then takes both scales. oneDNN's fast path takes
+    unsigned activations with one zero point, so a row's symmetric codes are shifted by
+    levels + 1 and its own scale is applied to the output row."""
 
-    def __init__(self, weight: torch.Tensor) -> None:  # (out, in), any float dtype
+    def __init__(self, weight: torch.Tensor, levels: int | None = None) -> None:  # (out, in), any float dtype
         super().__init__()
         codes, scale = int8_rows(weight)
         self.out_features = codes.shape[0]
+        self.levels = activation_levels() if levels is None else levels
         self.register_buffer("weight", torch.ops.onednn.qlinear_prepack(codes, None))  # oneDNN's own layout
         self.register_buffer("weight_scale", scale)
         self.register_buffer("weight_zero_point", torch.zeros(self.out_features, dtype=torch.int32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out), x's dtype
         rows = x.reshape(-1, x.shape[-1]).float()
-        row_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / INT8_MAX
-        codes = (torch.round(rows / row_scale) + UINT8_ZERO_POINT).to(torch.uint8)
-        # The input scale is 1: each row's own scale is applied to the output row.
-        out = torch.ops.onednn.qlinear_pointwise(
-            codes, 1.0, UINT8_ZERO_POINT, self.weight, self.weight_scale, self.weight_zero_point,
+        row_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / self.levels
+        zero_point = self.levels + 1
+        codes = (torch.round(rows / row_scale) + zero_point).to(torch.uint8)
+        out = torch.ops.onednn.qlinear_pointwise(  # the input scale is 1: the rows' come after
+            codes, 1.0, zero_point, self.weight, self.weight_scale, self.weight_zero_point,
             None, 1.0, 0, torch.float32, "none", [], "",
         )  # (N, out) float32: the codes' products times W's scales
         return (out * row_scale).to(x.dtype).view(*x.shape[:-1], self.out_features)
