@@ -121,9 +121,9 @@ def test_two_compiled_engines_in_one_process_keep_their_own_weights(tiny: LlamaM
 def test_w8a8_projections_compile_into_the_graphs_with_the_eager_tokens(tiny: LlamaModel, one_torch_thread) -> None:
     # oneDNN's int8 product is an opaque packed weight to the compiler: it must lower, not fall back.
     compiled, eager = (
-        Engine(quantize_(copy.deepcopy(tiny), "w8a8"), EngineSettings(num_kv_blocks=64, cpu_compile=compile),
+        Engine(quantize_(copy.deepcopy(tiny), "w8a8"), EngineSettings(num_kv_blocks=64, cpu_compile=mode),
                512, eos_token_ids=())
-        for compile in ("on", "off")
+        for mode in ("on", "off")
     )
     assert not compiled.runner.decode_graphs.failed
     batch = [list(range(100 + 9 * i, 130 + 11 * i)) for i in range(3)]

@@ -80,7 +80,8 @@ for levels in (INT8_MAX, INT7_MAX):
     print(levels, torch.allclose(W8A8Linear(weight, levels)(x), exact_w8a8(weight, x, levels), rtol=1e-5, atol=1e-3))
 """
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(INT8_MAX), "False", str(INT7_MAX), "True"]
 
@@ -130,7 +131,8 @@ def test_int4_refuses_inputs_that_do_not_split_into_groups() -> None:
 
 
 @pytest.mark.parametrize(
-    "dtype, quantization", [("float32", "none"), ("bfloat16", "none"), ("float32", "int8"), ("float32", "int4"), ("float32", "w8a8")]
+    "dtype, quantization",
+    [("float32", "none"), ("bfloat16", "none"), ("float32", "int8"), ("float32", "int4"), ("float32", "w8a8")],
 )
 def test_smollm2_answers_in_every_dtype(dtype: str, quantization: str) -> None:
     settings = EngineSettings(num_kv_blocks=32, dtype=dtype, quantization=quantization)

@@ -34,11 +34,16 @@ INT4_INNER_K_TILES = 1  # a GPU packing's tiling: the CPU packing takes the argu
 INT7_MAX = 63
 
 
+def row_scales(rows: torch.Tensor, levels: int) -> torch.Tensor:
+    """(N, 1): each row's largest magnitude over `levels` (never zero), so its codes fill -levels..levels."""
+    return rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / levels
+
+
 def int8_rows(weight: torch.Tensor, levels: int = INT8_MAX) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric codes -levels..levels of (out, in) values as int8, one float32 scale per row."""
     w = weight.detach().float()
-    scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / levels  # (out,)
-    return torch.round(w / scale[:, None]).clamp(-levels, levels).to(torch.int8), scale
+    scale = row_scales(w, levels)  # (out, 1)
+    return torch.round(w / scale).clamp(-levels, levels).to(torch.int8), scale.squeeze(1)
 
 
 def activation_levels() -> int:
@@ -71,7 +76,7 @@ class W8A8Linear(nn.Module):
     unsigned activations with one zero point, so a row's symmetric codes are shifted by
     levels + 1 and its own scale is applied to the output row."""
 
-    def __init__(self, weight: torch.Tensor, levels: int | None = None) -> None:  # (out, in), any float dtype
+    def __init__(self, weight: torch.Tensor, levels: int | None = None) -> None:  # weight: (out, in), any float
         super().__init__()
         codes, scale = int8_rows(weight)
         self.out_features = codes.shape[0]
@@ -82,7 +87,7 @@ class W8A8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out), x's dtype
         rows = x.reshape(-1, x.shape[-1]).float()
-        row_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / self.levels
+        row_scale = row_scales(rows, self.levels)
         zero_point = self.levels + 1
         codes = (torch.round(rows / row_scale) + zero_point).to(torch.uint8)
         out = torch.ops.onednn.qlinear_pointwise(  # the input scale is 1: the rows' come after
