@@ -22,6 +22,11 @@ DOCUMENT = (
 )
 
 
+# Each document's first chat goes where its first block hashes, so all of them land on one of the two
+# workers with probability 2 ** (1 - DOCUMENTS): 1 in 32 at six documents, 1 in 2,048 at twelve.
+DOCUMENTS = 12
+
+
 @pytest.fixture(scope="module")
 def tiny_fleet(topics, fleet_logs) -> Iterator[Fleet]:
     fleet = start_fleet(topics, fleet_logs, edges=1, routers=1, workers=2, model="tiny")
@@ -58,7 +63,7 @@ async def test_a_second_chat_on_a_prefix_goes_to_the_worker_that_holds_it(tiny_f
     try:
         async with KafkaTap(infra, topics.tokens, topics.tokens_partitions) as tap:
             pairs = []
-            for doc in range(6):
+            for doc in range(DOCUMENTS):
                 first, first_usage = await ask(sock, f"a{doc}", doc, "Why does the ferry run at night?")
                 await asyncio.sleep(0.3)  # the worker's events (every 50 ms) reach the edge's index
                 second, second_usage = await ask(sock, f"b{doc}", doc, "What holds the arches?")
