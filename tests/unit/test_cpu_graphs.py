@@ -10,6 +10,7 @@ import torch
 
 from services.worker.engine.attention import AttentionMetadata
 from services.worker.engine.cpu_graphs import MIN_BLOCKS, decode_group
+from services.worker.engine.cpu_linear import use_cpu_linear_
 from services.worker.engine.engine import Engine
 from services.worker.engine.model import LlamaModel
 from services.worker.engine.quantize import quantize_
@@ -65,9 +66,12 @@ def run(engine: Engine, prompts: list[list[int]], prefix: str) -> list[list[int]
 
 @pytest.fixture(scope="module")
 def engines(tiny: LlamaModel, one_torch_thread) -> tuple[Engine, Engine]:
-    """An eager engine and one compiling its decode graphs in the background, over copies of one model."""
-    eager = Engine(copy.deepcopy(tiny), EngineSettings(num_kv_blocks=64), 512, eos_token_ids=())
-    compiled = Engine(copy.deepcopy(tiny), EngineSettings(num_kv_blocks=64, cpu_compile="background"), 512, eos_token_ids=())
+    """An eager engine and one compiling its decode graphs in the background, over copies of one model
+    with the projections float32 serving gives them: packed only, and packed beside the dense weight."""
+    eager = Engine(use_cpu_linear_(copy.deepcopy(tiny), keep_dense=False), EngineSettings(num_kv_blocks=64), 512,
+                   eos_token_ids=())
+    compiled = Engine(use_cpu_linear_(copy.deepcopy(tiny), keep_dense=True),
+                      EngineSettings(num_kv_blocks=64, cpu_compile="background"), 512, eos_token_ids=())
     return eager, compiled
 
 

@@ -1,10 +1,13 @@
-"""Float32 projections on a CPU at the batch sizes of decoding.
+"""Float32 projections on a CPU through oneDNN, each weight packed once into oneDNN's own layout.
 
-MKL's float32 GEMM, called the way PyTorch's linear calls it (x W^T), is slow for a handful of
-rows: on the AVX2 machine these figures come from, a decode step's projections over a SmolLM2
-shape took 1.7x (64 rows) to 3.3x (4 rows) longer than the same product computed as W x^T. So a
-step of 2 to MAX_ROWS rows goes through W x^T (the weight as it is, no copy); one row (a
-matrix-vector product) and a prompt chunk's many rows stay with linear, which is as fast there.
+PyTorch's linear hands float32 to MKL's GEMM, which on the AMD machines measured reads the weights
+well below memory bandwidth at a decode step's few rows and computes a prompt chunk's many at half
+the cores' peak. oneDNN's matmul over a weight reordered once for it (`mkldnn._linear_pointwise`,
+the op inductor itself emits for frozen float32 linears) was faster at every SmolLM2 shape but one
+(2-core AVX-512 EPYC, loadtest/bench_cpu_linear.py): the output layer 2.1x at one row and 1.7x at
+64, the MLP's gate/up 2.4x at one row, 1.3x at 64 and 1.4x at 512.
+
+A compiled graph multiplies with the dense weight: inductor picks and packs its own kernels.
 """
 
 from __future__ import annotations
@@ -15,40 +18,46 @@ from torch import nn
 
 from services.worker.engine.model import LlamaModel
 
-MAX_ROWS = 128  # above this the two orders cost about the same, and the transpose back is extra
+PACKED_FOR_ROWS = 64  # oneDNN's layout hint; any row count runs, and 16 to 512 measured alike
 
 
-def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x W^T (+ bias) for x (..., in) and W (out, in), in the faster order for x's row count."""
-    rows = x.reshape(-1, x.shape[-1])
-    # A compiled graph leaves the choice to inductor, which matches linear, not this order.
-    if torch.compiler.is_compiling() or not 2 <= rows.shape[0] <= MAX_ROWS:
-        return F.linear(x, weight, bias)
-    out = torch.mm(weight, rows.t()).t().contiguous()  # (N, out)
-    if bias is not None:
-        out += bias
-    return out.view(*x.shape[:-1], weight.shape[0])
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """(out, in) float32 -> an opaque oneDNN tensor for `project`."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACKED_FOR_ROWS)
+
+
+def project(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T (+ bias) for x (..., in) and W packed by `pack`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 class CpuLinear(nn.Module):
-    """A linear layer whose product goes through `project`; it holds the same weight tensor."""
+    """A linear layer whose eager product goes through the packed weight. It keeps the dense weight
+    only where a graph will be compiled from it (or where it is shared with the embedding)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, keep_dense: bool = True) -> None:
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.packed = pack(weight)
+        self.weight = nn.Parameter(weight, requires_grad=False) if keep_dense else None
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return project(x, self.weight, self.bias)
+        # Not is_compiling(): that flag is global, so steps served while another thread compiles see it.
+        if torch.compiler.is_dynamo_compiling():
+            return F.linear(x, self.weight, self.bias)
+        return project(x, self.packed, self.bias)
 
 
-def use_cpu_linear_(model: LlamaModel) -> LlamaModel:
-    """Swap every projection, and the output layer, for CpuLinear, in place (no weight copied)."""
+def use_cpu_linear_(model: LlamaModel, keep_dense: bool) -> LlamaModel:
+    """Swap every float32 projection, and the output layer, for CpuLinear, in place. keep_dense:
+    graphs will be compiled from the model, so each layer keeps its dense weight beside the packed one."""
     for layer in model.layers:
         for owner, name in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
                             (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")):  # fmt: skip
             linear = getattr(owner, name)
-            setattr(owner, name, CpuLinear(linear.weight.data, None if linear.bias is None else linear.bias.data))
-    output = model.embed_tokens if model.lm_head is None else model.lm_head
-    model.lm_head = CpuLinear(output.weight.data)  # tied: the embedding's own tensor, shared
+            bias = None if linear.bias is None else linear.bias.data
+            setattr(owner, name, CpuLinear(linear.weight.data, bias, keep_dense))
+    tied = model.lm_head is None
+    output = model.embed_tokens if tied else model.lm_head
+    model.lm_head = CpuLinear(output.weight.data, keep_dense=keep_dense or tied)  # tied: the embedding's tensor
     return model

@@ -247,10 +247,11 @@ def load_engine_model(spec: ModelSpec, settings: EngineSettings, device: torch.d
         torch.set_num_threads(settings.cpu_threads)
     dtype = None if settings.dtype == "auto" else getattr(torch, settings.dtype)
     model, tokenizer = load_model(spec, device, dtype)
+    float32_on_cpu = device.type == "cpu" and next(model.parameters()).dtype == torch.float32
     if settings.quantization != "none":
         quantize_(model, settings.quantization)
-    elif device.type == "cpu" and next(model.parameters()).dtype == torch.float32:
-        use_cpu_linear_(model)  # float32 GEMM of a decode step's few rows, in its faster order
+    elif float32_on_cpu and torch.backends.mkldnn.is_available():
+        use_cpu_linear_(model, keep_dense=settings.cpu_compile != "off")  # oneDNN's packed float32 GEMM
     return model, tokenizer
 
 
