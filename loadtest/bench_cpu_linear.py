@@ -74,7 +74,8 @@ def plain_linear_engine(spec: ModelSpec, settings: EngineSettings) -> LLMEngine:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,4,16,64")
-    parser.add_argument("--prefill-words", type=int, default=1600, help="the long prompt's words (1,600: 2,384 SmolLM2 tokens)")
+    parser.add_argument("--prefill-words", type=int, default=1600,
+                        help="the long prompt's words (1,600: 2,384 SmolLM2 tokens)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=RESULTS / "cpu_linear.json")
