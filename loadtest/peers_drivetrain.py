@@ -21,6 +21,7 @@ VARIANTS: dict[str, dict] = {
     "float32": dict(dtype="float32"),
     "float32+compile": dict(dtype="float32", cpu_compile="on"),
     "bfloat16": dict(dtype="bfloat16"),
+    "bfloat16+compile": dict(dtype="bfloat16", cpu_compile="on"),
     "int8": dict(dtype="float32", quantization="int8"),
     "int8+compile": dict(dtype="float32", quantization="int8", cpu_compile="on"),
     "int4": dict(dtype="float32", quantization="int4"),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from services.worker.engine.attention import AttentionMetadata
-from services.worker.engine.cpu_graphs import MAX_PACKED_ROWS, MIN_BLOCKS, decode_group
+from services.worker.engine.cpu_graphs import MAX_DENSE_ROWS, MIN_BLOCKS, decode_group
 from services.worker.engine.cpu_linear import use_cpu_linear_
 from services.worker.engine.engine import Engine
 from services.worker.engine.model import LlamaModel
@@ -90,11 +90,11 @@ def test_background_compiling_serves_eagerly_then_through_the_graphs_with_the_sa
     assert graphs.num_uncovered_steps == 0
 
 
-def test_a_step_of_more_rows_than_packed_float32_graphs_take_runs_eagerly(engines) -> None:
+def test_a_step_of_more_rows_than_unquantized_graphs_take_runs_eagerly(engines) -> None:
     eager, compiled = engines
     assert compiled.runner.decode_graphs.wait(timeout=600)
-    assert compiled.runner.decode_graphs.max_rows == MAX_PACKED_ROWS  # its projections are CpuLinear
-    wide = [list(range(3 + i, 30 + i)) for i in range(MAX_PACKED_ROWS + 1)]
+    assert compiled.runner.decode_graphs.max_rows == MAX_DENSE_ROWS  # not quantized
+    wide = [list(range(3 + i, 30 + i)) for i in range(MAX_DENSE_ROWS + 1)]
     before = compiled.load().graph_steps
     assert run(compiled, wide, "wide") == run(eager, wide, "wide")
     assert compiled.load().graph_steps == before
@@ -140,6 +140,6 @@ def test_w8a8_projections_compile_into_the_graphs_with_the_eager_tokens(tiny: Ll
         for mode in ("on", "off")
     )
     assert not compiled.runner.decode_graphs.failed and compiled.runner.decode_graphs.max_rows is None
-    batch = [list(range(100 + 3 * i, 130 + 3 * i)) for i in range(MAX_PACKED_ROWS + 1)]  # any batch: a graph
+    batch = [list(range(100 + 3 * i, 130 + 3 * i)) for i in range(MAX_DENSE_ROWS + 1)]  # any batch: a graph
     assert run(compiled, batch, "q") == run(eager, batch, "q")
     assert compiled.load().graph_steps >= GREEDY.max_tokens - 1

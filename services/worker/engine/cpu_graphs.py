@@ -8,8 +8,8 @@ time: one stream's step fell from 94 to 38 ms. Compiling takes minutes on two co
 weights being frozen into the graph, is done again at every start: in the background if asked,
 while steps run eagerly.
 
-A step runs the graph when every sequence decodes one token (at most MAX_PACKED_ROWS of them where
-the eager projections are oneDNN's packed float32 ones) and their contexts lie within a factor of
+A step runs the graph when every sequence decodes one token (at most MAX_DENSE_ROWS of them unless
+the weights are quantized) and their contexts lie within a factor of
 two of each other (the eager path would make them one group too); anything else, and any step the
 graphs were not compiled for, runs eagerly. Two graphs are compiled: one row (PyTorch specialises
 a size of one) and any larger batch.
@@ -30,8 +30,8 @@ from torch import nn
 
 from services.worker.engine.attention import AttentionMetadata, DecodeGroupMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
-from services.worker.engine.cpu_linear import CpuLinear
 from services.worker.engine.model import KVCache, LlamaModel
+from services.worker.engine.quantize import is_quantized
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,10 @@ MIN_BLOCKS = 2  # a group reads at least two blocks: a width of one would be a t
 WARMUP_BATCHES = (1, 2)  # one graph each: a single row, and every larger batch
 # Above this many rows, eager float32 steps through oneDNN's packed products were faster than the
 # graph, whose GEMM kernels are timed at the warm-up's two rows (SmolLM2, 2-core AVX-512 EPYC, ms a
-# step, graph against eager: 12 rows 57 against 70, 16 rows 86 against 81, 64 rows 298 against 196).
-# A quantized graph stays faster at every batch (w8a8 at 64 rows: 93 against 134).
-MAX_PACKED_ROWS = 12
+# step, graph against eager: 12 rows 57 against 70, 16 rows 86 against 81, 64 rows 298 against 196);
+# so were bfloat16's at 64 rows (oneDNN's too: 327 against 161 tok/s). A quantized graph stays
+# faster at every batch (w8a8 at 64 rows: 93 against 134 ms).
+MAX_DENSE_ROWS = 12
 # The warm-up's block width. Sizes equal at compile time are taken to be equal for good (duck
 # shaping), so it differs from the batch sizes above; the caches' sizes are marked static.
 WARMUP_BLOCKS = 5
@@ -102,8 +103,7 @@ class CpuDecodeGraphs:
             for tensor in cache:
                 torch._dynamo.mark_static(tensor)
         self.block_size = block_size
-        packed = any(isinstance(m, CpuLinear) for m in model.modules())
-        self.max_rows = MAX_PACKED_ROWS if packed else None  # a larger step runs eagerly
+        self.max_rows = None if is_quantized(model) else MAX_DENSE_ROWS  # a larger step runs eagerly
         # The weights are frozen into the graphs, so guards on the modules would only cost time: with
         # them, looking the graph up took 1.7 ms of a 24 ms SmolLM2 step.
         skip_module_guards = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}

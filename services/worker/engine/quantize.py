@@ -134,6 +134,11 @@ PROJECTIONS: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int4Linea
 OUTPUT_LAYERS: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int8Linear, "w8a8": W8A8Linear}
 
 
+def is_quantized(model: nn.Module) -> bool:
+    """Whether quantize_ swapped the model's layers."""
+    return any(isinstance(m, (Int8Linear, Int4Linear, W8A8Linear)) for m in model.modules())
+
+
 def quantize_(model: LlamaModel, scheme: str) -> LlamaModel:
     """Swap every projection for the scheme's (int8, int4 or w8a8), and the output layer for its
     int8 one, in place. The embedding table stays as it is (a lookup reads one row); tied weights
