@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_agreement(peers: list[Peer], tokenizer: Tokenizer, args: argparse.Namespace) -> list[dict]:
-    """Drivetrain's float32 variants vs HF generate float32; bfloat16 vs HF in bfloat16; llama.cpp F32
+    """Drivetrain's float32 variants vs HF generate float32; bfloat16 ones vs HF in bfloat16; llama.cpp F32
     vs HF float32 (the dequantized file is the same model); Drivetrain's quantized variants vs HF
     float32, and int4 (Q4_1's layout) vs llama.cpp on the Q4_1 file."""
     by_name = {p.name: p for p in peers}
@@ -197,14 +197,15 @@ def check_agreement(peers: list[Peer], tokenizer: Tokenizer, args: argparse.Name
     new_tokens = args.agreement_tokens
     prompts = chat_prompts(tokenizer, AGREEMENT_PROMPTS)
     checks = []
+    bfloat16 = [variant for variant in args.variants if variant.startswith("bfloat16")]
     for variant in args.variants:
-        if variant != "bfloat16":
+        if variant not in bfloat16:
             checks.append(agreement(by_name[f"drivetrain:{variant}"], by_name["hf_generate"], prompts, new_tokens))
         if variant.startswith("int4") and "llama_q4_1" in by_name:
             checks.append(agreement(by_name[f"drivetrain:{variant}"], by_name["llama_q4_1"], prompts, new_tokens))
-    if "drivetrain:bfloat16" in by_name:
+    if bfloat16:
         hf_bf16 = HFGenerate(smollm2_folder(), torch.bfloat16)
-        checks.append(agreement(by_name["drivetrain:bfloat16"], hf_bf16, prompts, new_tokens))
+        checks += [agreement(by_name[f"drivetrain:{variant}"], hf_bf16, prompts, new_tokens) for variant in bfloat16]
         del hf_bf16
     if "llama_f32" in by_name:
         checks.append(agreement(by_name["llama_f32"], by_name["hf_generate"], prompts, new_tokens))
