@@ -9,10 +9,10 @@ weights being frozen into the graph, is done again at every start: in the backgr
 while steps run eagerly.
 
 A step runs the graph when every sequence decodes one token (at most MAX_DENSE_ROWS of them unless
-the weights are quantized) and their contexts lie within a factor of
-two of each other (the eager path would make them one group too); anything else, and any step the
-graphs were not compiled for, runs eagerly. Two graphs are compiled: one row (PyTorch specialises
-a size of one) and any larger batch.
+the weights are quantized) and their contexts lie within a factor of two of each other (the eager
+path would make them one group too); anything else, and any step the graphs were not compiled for,
+runs eagerly. Two graphs are compiled: one row (PyTorch specialises a size of one) and any larger
+batch.
 """
 
 from __future__ import annotations
