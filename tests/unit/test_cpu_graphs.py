@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from services.worker.engine.attention import AttentionMetadata
-from services.worker.engine.cpu_graphs import MAX_DENSE_ROWS, MIN_BLOCKS, decode_group
+from services.worker.engine.cpu_graphs import FEW_ROWS, MANY_ROWS, MIN_BLOCKS, QUANTIZED, decode_group
 from services.worker.engine.cpu_linear import use_cpu_linear_
 from services.worker.engine.engine import Engine
 from services.worker.engine.model import LlamaModel
@@ -90,14 +90,17 @@ def test_background_compiling_serves_eagerly_then_through_the_graphs_with_the_sa
     assert graphs.num_uncovered_steps == 0
 
 
-def test_a_step_of_more_rows_than_unquantized_graphs_take_runs_eagerly(engines) -> None:
+def test_more_rows_than_a_few_run_the_second_graph_with_the_eager_tokens(engines) -> None:
     eager, compiled = engines
-    assert compiled.runner.decode_graphs.wait(timeout=600)
-    assert compiled.runner.decode_graphs.max_rows == MAX_DENSE_ROWS  # not quantized
-    wide = [list(range(3 + i, 30 + i)) for i in range(MAX_DENSE_ROWS + 1)]
+    graphs = compiled.runner.decode_graphs
+    assert graphs.wait(timeout=600)
+    assert graphs.plans == (FEW_ROWS, MANY_ROWS)  # not quantized
+    few = FEW_ROWS.max_rows
+    assert [graphs.plan_for(rows) for rows in (1, 2, few, few + 1, 64)] == [0, 0, 0, 1, 1]
+    wide = [list(range(3 + i, 30 + i)) for i in range(few + 1)]
     before = compiled.load().graph_steps
     assert run(compiled, wide, "wide") == run(eager, wide, "wide")
-    assert compiled.load().graph_steps == before
+    assert compiled.load().graph_steps >= before + GREEDY.max_tokens - 1
 
 
 def test_the_graphs_write_the_kv_cache_as_the_eager_path_does(engines) -> None:
@@ -139,7 +142,7 @@ def test_w8a8_projections_compile_into_the_graphs_with_the_eager_tokens(tiny: Ll
                512, eos_token_ids=())
         for mode in ("on", "off")
     )
-    assert not compiled.runner.decode_graphs.failed and compiled.runner.decode_graphs.max_rows is None
-    batch = [list(range(100 + 3 * i, 130 + 3 * i)) for i in range(MAX_DENSE_ROWS + 1)]  # any batch: a graph
+    assert not compiled.runner.decode_graphs.failed and compiled.runner.decode_graphs.plans == (QUANTIZED,)
+    batch = [list(range(100 + 3 * i, 130 + 3 * i)) for i in range(FEW_ROWS.max_rows + 1)]  # any batch: its graph
     assert run(compiled, batch, "q") == run(eager, batch, "q")
     assert compiled.load().graph_steps >= GREEDY.max_tokens - 1

@@ -3,16 +3,17 @@
 Eager PyTorch spends a SmolLM2 decode step on about 1,600 small operations, and MKL reads float32
 weights one row at a time at under half the memory bandwidth (on the AMD machines measured). With
 the weights frozen as constants, inductor fuses the small operations into a few dozen C++ kernels
-and multiplies with GEMM kernels of its own, each picked by timing it against MKL's at compile
+and multiplies with GEMM kernels of its own, each picked by timing it against oneDNN's at compile
 time: one stream's step fell from 94 to 38 ms. Compiling takes minutes on two cores and, the
 weights being frozen into the graph, is done again at every start: in the background if asked,
 while steps run eagerly.
 
-A step runs the graph when every sequence decodes one token (at most MAX_DENSE_ROWS of them unless
-the weights are quantized) and their contexts lie within a factor of two of each other (the eager
-path would make them one group too); anything else, and any step the graphs were not compiled for,
-runs eagerly. Two graphs are compiled: one row (PyTorch specialises a size of one) and any larger
-batch.
+A step runs a graph when every sequence decodes one token and their contexts lie within a factor
+of two of each other (the eager path would make them one group too); anything else, and any step
+the graphs were not compiled for, runs eagerly. Unquantized weights get two compiled modules, one
+for a few rows and one for more (FEW_ROWS, MANY_ROWS); quantized ones one for every batch. A
+module compiles a graph per warm-up batch: PyTorch specialises a size of one, and any other size
+is one graph for every batch of two rows or more.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 import types
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -35,18 +37,32 @@ from services.worker.engine.quantize import is_quantized
 
 log = logging.getLogger(__name__)
 
-# Frozen weights let inductor pack them for its own GEMM kernels, which max_autotune times against
-# the ATen (oneDNN) ones per shape. Set around the compiling calls: torch.compile's `options` do not
-# reach the freezing passes.
-INDUCTOR_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """Steps of up to max_rows rows (None: any) run the module compiled with these inductor options
+    (set around the compiling calls: torch.compile's `options` do not reach the freezing passes),
+    one graph per warm-up batch."""
+
+    max_rows: int | None
+    inductor_options: dict
+    warmup_batches: tuple[int, ...]
+
+
+# A few rows read the weights more than they multiply: max_autotune times inductor's own GEMM
+# kernels, over weights it packs for them, against the ATen (oneDNN) ones at the warm-up's shape.
+# More rows are bound by arithmetic, where the kernels picked at two rows fall behind oneDNN's
+# packed products, which frozen float32 and bfloat16 linears get without autotuning. SmolLM2 float32
+# on a 2-core AVX-512 EPYC, ms a step, autotuned graph against oneDNN graph: 2 rows 22.9 against
+# 34.8, 4 rows 18.6 against 33.8, 6 rows 31.6 against 29.9, 16 rows 70.8 against 49.1; at 64 rows
+# the oneDNN graph took 152 ms, the eager step 188 and the autotuned graph 298 (another run).
+# A quantized graph kept its autotuned kernels' lead at every batch (w8a8 at 64 rows: 93 against
+# 134 ms eagerly), so it takes them all.
+AUTOTUNED = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+FEW_ROWS = GraphPlan(max_rows=5, inductor_options=AUTOTUNED, warmup_batches=(1, 2))
+MANY_ROWS = GraphPlan(max_rows=None, inductor_options={"freezing": True}, warmup_batches=(8,))
+QUANTIZED = GraphPlan(max_rows=None, inductor_options=AUTOTUNED, warmup_batches=(1, 2))
 MIN_BLOCKS = 2  # a group reads at least two blocks: a width of one would be a third specialisation
-WARMUP_BATCHES = (1, 2)  # one graph each: a single row, and every larger batch
-# Above this many rows, eager float32 steps through oneDNN's packed products were faster than the
-# graph, whose GEMM kernels are timed at the warm-up's two rows (SmolLM2, 2-core AVX-512 EPYC, ms a
-# step, graph against eager: 12 rows 57 against 70, 16 rows 86 against 81, 64 rows 298 against 196);
-# so were bfloat16's at 64 rows (oneDNN's too: 327 against 161 tok/s). A quantized graph stays
-# faster at every batch (w8a8 at 64 rows: 93 against 134 ms).
-MAX_DENSE_ROWS = 12
 # The warm-up's block width. Sizes equal at compile time are taken to be equal for good (duck
 # shaping), so it differs from the batch sizes above; the caches' sizes are marked static.
 WARMUP_BLOCKS = 5
@@ -103,11 +119,12 @@ class CpuDecodeGraphs:
             for tensor in cache:
                 torch._dynamo.mark_static(tensor)
         self.block_size = block_size
-        self.max_rows = None if is_quantized(model) else MAX_DENSE_ROWS  # a larger step runs eagerly
+        self.plans = (QUANTIZED,) if is_quantized(model) else (FEW_ROWS, MANY_ROWS)  # fewest rows first
         # The weights are frozen into the graphs, so guards on the modules would only cost time: with
         # them, looking the graph up took 1.7 ms of a 24 ms SmolLM2 step.
         skip_module_guards = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        self.compiled = torch.compile(_DecodeLogits(model), dynamic=True, options=skip_module_guards)
+        self.compiled = [torch.compile(_DecodeLogits(model), dynamic=True, options=skip_module_guards)
+                         for _ in self.plans]
         self.ready = threading.Event()
         self.failed = False  # compiling raised: every step runs eagerly
         self._thread: threading.Thread | None = None
@@ -145,15 +162,20 @@ class CpuDecodeGraphs:
         meanwhile = "steps run eagerly meanwhile" if self._thread is not None else "the engine serves once done"
         log.info("compiling CPU decode graphs (minutes on a few cores; %s)", meanwhile)
         try:
-            with inductor_config.patch(INDUCTOR_OPTIONS):
-                for batch in WARMUP_BATCHES:
-                    self.compiled(*self._warmup_args(batch))
+            for plan, compiled in zip(self.plans, self.compiled, strict=True):
+                with inductor_config.patch(plan.inductor_options):
+                    for batch in plan.warmup_batches:
+                        compiled(*self._warmup_args(batch))
         except Exception:  # a compiler failure costs speed, never service
             self.failed = True
             log.exception("compiling the CPU decode graphs failed; every step runs eagerly")
             return
         self.ready.set()
         log.info("CPU decode graphs ready after %.0f s", time.perf_counter() - started)
+
+    def plan_for(self, rows: int) -> int:
+        """The index of the plan (and compiled module) a step of `rows` rows runs."""
+        return next(i for i, plan in enumerate(self.plans) if plan.max_rows is None or rows <= plan.max_rows)
 
     def _warmup_args(self, batch: int) -> tuple:
         """A batch whose tokens all write into the null block (which no request reads unmasked)."""
@@ -171,18 +193,17 @@ class CpuDecodeGraphs:
 
     def logits(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
         """(N, V) float32 logits of every row, or None (the step then runs eagerly): the graphs are
-        not ready, the step has too many rows or is not one decode group, or it has a shape they were
-        not compiled for.
+        not ready, the step is not one decode group, or it has a shape they were not compiled for.
         Nothing is ever compiled on the caller's thread."""
-        too_many = self.max_rows is not None and input_ids.shape[0] > self.max_rows
-        if not self.ready.is_set() or too_many:
+        if not self.ready.is_set():
             return None
         group = decode_group(meta, self.block_size)
         if group is None:
             return None
+        compiled = self.compiled[self.plan_for(input_ids.shape[0])]
         try:
             with torch.compiler.set_stance("fail_on_recompile"):
-                logits = self.compiled(input_ids, positions, group, self.kv_caches)
+                logits = compiled(input_ids, positions, group, self.kv_caches)
         except RuntimeError as exc:
             if RECOMPILE_REFUSED not in str(exc):  # dynamo says so in a plain RuntimeError
                 raise
