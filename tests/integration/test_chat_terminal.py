@@ -87,9 +87,16 @@ def test_text_output_and_the_one_shot_form(chat_fleet):
 
 
 def test_ctrl_c_cancels_the_reply_and_the_session_goes_on(chat_fleet):
-    process = subprocess.Popen(
-        command(chat_fleet, "--json"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    # A shell starts its background jobs with SIGINT ignored, and a child inherits that; the chat
+    # runs as from a terminal, where Ctrl-C reaches it.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(
+            command(chat_fleet, "--json"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
 
