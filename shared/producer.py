@@ -10,16 +10,16 @@ send, and goes on; what was lost is the caller's to handle, as with any failed s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, OutOfOrderSequenceNumber, ProducerFenced
 
+from shared.kafka_shutdown import stop_client
+
 log = logging.getLogger(__name__)
 
-STOP_TIMEOUT_S = 5.0
 FATAL = (OutOfOrderSequenceNumber, ProducerFenced)  # after these, aiokafka's producer sends nothing more
 
 
@@ -35,7 +35,7 @@ class Producer:
         await self._inner.start()
 
     async def stop(self) -> None:
-        await self._inner.stop()
+        await stop_client(self._inner)
 
     async def flush(self) -> None:
         await self._inner.flush()
@@ -72,11 +72,9 @@ class Producer:
             try:
                 await fresh.start()
             except KafkaError:
-                with contextlib.suppress(Exception):
-                    await fresh.stop()
+                await stop_client(fresh)
                 raise
             old, self._inner, self._broken = self._inner, fresh, False
             self.num_replacements += 1
             log.warning("the Kafka producer had stopped for good (a batch expired unsent); started a fresh one")
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(old.stop(), STOP_TIMEOUT_S)
+            await stop_client(old)

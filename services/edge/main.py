@@ -19,6 +19,7 @@ from shared.addresses import advertised_host
 from shared.fleet_membership import join_fleet, on_departure, publish_load
 from shared.health import Health, Lifecycle
 from shared.kafka_clients import DeadLetters, make_consumer, make_producer
+from shared.kafka_shutdown import stop_client
 from shared.metrics import GossipCollector
 from shared.models.prompt_length import prompt_limit, prompt_tokens
 from shared.redis_client import make_cluster
@@ -105,8 +106,7 @@ async def serve_edge(settings: EdgeSettings, health: Health, stopping: asyncio.E
         link.close()
         await membership.stop()
         await service.aclose()
-        with contextlib.suppress(Exception):
-            await kv_consumer.stop()
+        await stop_client(kv_consumer)
         await producer.stop()
         await redis.aclose()
 

@@ -10,7 +10,6 @@ sender's clock, so clocks that differ between regions do not matter.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from services.edge.region_choice import PeerRoom
 from services.edge.region_settings import RegionName, RegionSettings
 from shared import wire
 from shared.kafka_clients import make_consumer
+from shared.kafka_shutdown import stop_client
 from shared.producer import Producer
 from shared.rate_limits import LogThrottle, Rate, held_back
 from shared.seal import Seal
@@ -134,8 +134,7 @@ class RegionSummaries:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._consumer is not None:
-            with contextlib.suppress(Exception):
-                await self._consumer.stop()
+            await stop_client(self._consumer)
 
     def summary(self) -> RegionCapacity:
         return RegionCapacity(self._settings.name, self._load(), self._settings.overflow_load, time.time())

@@ -10,7 +10,6 @@ fleet member, the wrong schema, impossible counts) is dead-lettered and committe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -20,6 +19,7 @@ from redis.exceptions import RedisError
 from services.router.metrics import RouterMetrics
 from shared import wire
 from shared.kafka_clients import DeadLetters, make_consumer
+from shared.kafka_shutdown import stop_client
 from shared.metering.ledger import Ledger, first_of_each
 from shared.metering.records import record_problem
 from shared.seal import Seal
@@ -55,8 +55,7 @@ class UsageAggregator:
                     await self.take([record for part in batches.values() for record in part])
                     await self._commit(consumer, {tp: part[-1].offset + 1 for tp, part in batches.items()})
         finally:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+            await stop_client(consumer)
 
     async def take(self, records: list[ConsumerRecord]) -> None:
         """Count the poll's records (each request once), dead-letter what cannot be counted."""

@@ -37,6 +37,7 @@ from shared.health import Health, Lifecycle
 from shared.hop_timing import Hop
 from shared.infra.permissions import usage_meter_group
 from shared.kafka_clients import DeadLetters, make_consumer, make_producer
+from shared.kafka_shutdown import stop_client
 from shared.link_auth import LinkKeys
 from shared.membership import Membership
 from shared.membership.member import GONE
@@ -133,8 +134,7 @@ class RouterService:
             with contextlib.suppress(Exception):
                 await consumer.commit(self._forwarded)
             lag.cancel()
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+            await stop_client(consumer)
             await self._producer.stop()
             for link in self._links.values():
                 await link.close()

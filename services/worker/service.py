@@ -55,6 +55,7 @@ from shared.fleet_membership import is_alive
 from shared.health import Health, Lifecycle
 from shared.hop_timing import Hop, produced_at
 from shared.kafka_clients import DeadLetters, make_consumer, make_producer
+from shared.kafka_shutdown import stop_client
 from shared.membership import Membership
 from shared.metering.publisher import UsagePublisher
 from shared.metering.records import UsageContext
@@ -178,9 +179,8 @@ class WorkerService:
             await self._stop_role()
             self._thread.stop()
             for client in (requests, control):
-                with contextlib.suppress(Exception):
-                    if client is not None:
-                        await client.stop()
+                if client is not None:
+                    await stop_client(client)
             await producer.stop()
 
     # Roles ---------------------------------------------------------------------------------------
@@ -222,8 +222,7 @@ class WorkerService:
                 with contextlib.suppress(Exception):
                     await requests.commit(moves)
             self.drop_unstarted(self.offsets.forget_partitions(set(requests.assignment())))
-            with contextlib.suppress(Exception):
-                await requests.stop()  # leaves the group: a rebalance, not a session timeout
+            await stop_client(requests)  # leaves the group: a rebalance, not a session timeout
             self.assignment_changed(set())
         elif self._decode is not None:
             await self._decode.stop()  # takes no more handoffs

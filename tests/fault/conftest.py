@@ -4,13 +4,17 @@ the helpers every fault test streams with."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from services.launcher.fleet import Fleet
 from shared.chat_client import ChatResult, ChatSocket
+from shared.infra import kafka
 from shared.infra.command import drop_topics, fresh_topics
+from shared.infra.settings import InfraSettings
 from shared.topics import TopicLayout
 from tests.conftest import start_fleet
 
@@ -37,6 +41,26 @@ def make_fleet(topics, fleet_logs) -> Iterator[Callable[..., Fleet]]:
     yield make
     for fleet in fleets:
         fleet.stop()
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path, infra) -> Iterator[InfraSettings]:
+    """A broker of this test's own, beside the session's, on its own ports and data."""
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    shared_jars = infra.kafka_lib_dir
+    (jars / shared_jars.name).symlink_to(shared_jars)
+    port = 9400 + int(time.time()) % 50 * 2
+    cfg = InfraSettings(infra_dir=tmp_path, kafka_port=port, kafka_controller_port=port + 1)
+    kafka.up(cfg, quiet)
+    try:
+        yield cfg
+    finally:
+        kafka.stop_broker(cfg, quiet)
 
 
 async def start_streams(url: str, count: int, words: int = WORDS) -> tuple[list[ChatSocket], list[dict]]:

@@ -9,41 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from shared.chat_client import ChatSocket
 from shared.infra import kafka
 from shared.infra.command import create_topics
-from shared.infra.settings import InfraSettings
 from shared.topics import TopicLayout
 from tests.conftest import start_fleet
-from tests.fault.conftest import finish, intact, start_streams
+from tests.fault.conftest import finish, intact, quiet, start_streams
 
 OUTAGE_S = 5.0
 RECOVERY_S = 15.0  # from the broker answering again to a new chat served
-
-
-def _quiet(_: str) -> None:
-    pass
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path, infra) -> Iterator[InfraSettings]:
-    """A broker of this test's own, beside the session's, on its own ports and data."""
-    jars = tmp_path / "jars"
-    jars.mkdir()
-    shared_jars = infra.kafka_lib_dir
-    (jars / shared_jars.name).symlink_to(shared_jars)
-    port = 9400 + int(time.time()) % 50 * 2
-    cfg = InfraSettings(infra_dir=tmp_path, kafka_port=port, kafka_controller_port=port + 1)
-    kafka.up(cfg, _quiet)
-    try:
-        yield cfg
-    finally:
-        kafka.stop_broker(cfg, _quiet)
 
 
 async def chat_served(url: str, text: str) -> bool:
@@ -70,10 +45,10 @@ async def test_streams_end_cleanly_and_chats_resume_after_a_broker_restart(own_b
         url = fleet.spec.chat_url(0)
         sockets, _ = await start_streams(url, 5, words=300)  # 6 s each
         await asyncio.sleep(1.0)
-        await asyncio.to_thread(kafka.stop_broker, own_broker, _quiet)
+        await asyncio.to_thread(kafka.stop_broker, own_broker, quiet)
         stopped_at = time.perf_counter()
         await asyncio.sleep(OUTAGE_S)
-        await asyncio.to_thread(kafka.up, own_broker, _quiet)
+        await asyncio.to_thread(kafka.up, own_broker, quiet)
         back_at = time.perf_counter()
         # No hang: each stream has ended, cleanly, by the time the broker is back and a moment on.
         results = await finish(sockets, timeout=back_at - stopped_at + 30)

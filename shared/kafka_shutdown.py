@@ -1,0 +1,59 @@
+"""Stopping a Kafka client for good, whatever became of the broker.
+
+aiokafka's `stop()` marks a client closed first and closes its connections last, and with the
+broker gone it fails or hangs in between: a consumer's fetcher awaits the fetch task it has just
+cancelled, so that task's CancelledError escapes `stop()` (aio-libs/aiokafka#647); a producer
+waits, with no end, to deliver what it holds to a broker that is not there. A caller that took
+the first for its own cancellation ended its shutdown there, leaving its other clients open; the
+second held a service until its stop backstop. Here a stop has a bound, a producer's undelivered
+records then fail (as any send to an absent broker would), the connections are closed all the
+same, and only a cancellation of the caller goes on up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaTimeoutError
+
+log = logging.getLogger(__name__)
+
+STOP_WITHIN_S = 5.0  # leaving the group and flushing take milliseconds with a broker there
+
+
+async def stop_client(client: AIOKafkaConsumer | AIOKafkaProducer, within_s: float = STOP_WITHIN_S) -> None:
+    """Leave the group, flush, close; if that fails or overruns, drop what is unsent and close."""
+    try:
+        async with asyncio.timeout(within_s):
+            await client.stop()
+        return
+    except asyncio.CancelledError:
+        if _caller_cancelled():
+            raise
+        why = "its own fetch was cancelled"
+    except TimeoutError:
+        why = f"no broker answered within {within_s:.0f} s"
+    except Exception as exc:  # the broker's error: there is nothing more to do with it
+        why = repr(exc)
+    log.warning("a Kafka client stopped part-way (%s); closing its connections regardless", why)
+    await _abandon(client)
+
+
+def _caller_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def _abandon(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
+    """What `stop()` left undone, through the parts it uses (aiokafka has no public way)."""
+    if isinstance(client, AIOKafkaProducer):
+        client._message_accumulator.fail_all(KafkaTimeoutError("the producer stopped before delivering"))
+        with contextlib.suppress(Exception):
+            await client._sender.close()
+        connections = client.client
+    else:
+        connections = client._client
+    await connections.close()

@@ -1,0 +1,60 @@
+"""Stopping a Kafka client whose broker is gone: aiokafka's stop() failing from inside, or never
+returning, still ends with the connections closed; the caller's own cancellation goes on up.
+(Against a real broker that goes away: tests/fault/test_broker_loss.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from shared.kafka_shutdown import stop_client
+
+
+class Connections:
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class CancelledInside(AIOKafkaConsumer):
+    """As aiokafka's fetcher does with the broker gone: its own task's cancellation escapes."""
+
+    async def stop(self) -> None:
+        raise asyncio.CancelledError
+
+
+class NeverStops(AIOKafkaConsumer):
+    async def stop(self) -> None:
+        await asyncio.sleep(3600)
+
+
+def consumer(kind: type[AIOKafkaConsumer]) -> tuple[AIOKafkaConsumer, Connections]:
+    client = kind(bootstrap_servers="127.0.0.1:1")
+    client._client = Connections()
+    return client, client._client
+
+
+async def test_a_cancellation_from_inside_stop_is_not_the_callers_and_the_connections_close():
+    client, connections = consumer(CancelledInside)
+    await stop_client(client)
+    assert connections.closed
+
+
+async def test_a_stop_that_never_returns_is_cut_short_and_the_connections_close():
+    client, connections = consumer(NeverStops)
+    await asyncio.wait_for(stop_client(client, within_s=0.05), 5)
+    assert connections.closed
+
+
+async def test_the_callers_own_cancellation_goes_on_up():
+    client, connections = consumer(NeverStops)
+    stopping = asyncio.create_task(stop_client(client))
+    await asyncio.sleep(0.01)
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    assert not connections.closed
