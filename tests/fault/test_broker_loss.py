@@ -1,7 +1,7 @@
 """The fleet is asked to stop, with its Kafka broker serving or gone for good (`drivetrain infra
 down` before the fleet, a lost broker host): every service stops within its time, exits 0 and
-closes what it holds (Kafka and Redis clients, gossip socket), with nothing left over for the
-garbage collector to report."""
+closes what it holds (Kafka and Redis clients, gossip socket) before its stop backstop, with
+nothing left over for the garbage collector to report."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from tests.conftest import TEST_PORT, fleet_env
 from tests.fault.conftest import quiet, start_streams
 
 # What a service's log shows when it exits with a client, socket or task never closed: aiokafka's,
-# redis-py's and asyncio's own reports (some logged always, the rest as ResourceWarnings).
-LEFT_OPEN = ("Unclosed", "unclosed", "Task was destroyed but it is pending")
-STOPPED_WITHIN_S = 15.0
+# redis-py's and asyncio's own reports (some logged always, the rest as ResourceWarnings); and when
+# its shutdown overran its backstop and was cut short (shared/runtime.py).
+LEFT_OPEN = ("Unclosed", "unclosed", "Task was destroyed but it is pending", "without finishing the drain")
 
 
 @pytest.mark.parametrize("broker", ["serving", "gone"])
@@ -44,12 +44,9 @@ async def test_every_service_stops_cleanly_and_closes_its_clients(broker: str, o
             await asyncio.to_thread(kafka.stop_broker, own_broker, quiet)
             await asyncio.sleep(3.0)  # every client has seen its connections drop and begun to retry
     finally:
-        started = time.perf_counter()
         await asyncio.to_thread(fleet.stop)
-    took = time.perf_counter() - started
     exits = {child.name: child.process.returncode for child in children}
     assert exits == {child.name: 0 for child in children}, exits
-    assert took < STOPPED_WITHIN_S, f"the fleet took {took:.1f} s to stop"
     for log in logs.iterdir():
         text = log.read_text(errors="replace")
         left = [line for line in text.splitlines() if any(sign in line for sign in LEFT_OPEN)]
