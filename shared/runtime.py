@@ -7,7 +7,6 @@ returns); a second one, or the drain overrunning its backstop, cancels it outrig
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import time
@@ -67,10 +66,13 @@ def run_until_signalled(
         stopping = asyncio.Event()
         task = asyncio.create_task(main(stopping))
         loop = asyncio.get_running_loop()
+        cancelled_here = False
 
         def cancel() -> None:
+            nonlocal cancelled_here
             if not task.done():
                 log.warning("stopping now, without finishing the drain")
+                cancelled_here = True
                 task.cancel()
 
         def stop() -> None:
@@ -85,7 +87,13 @@ def run_until_signalled(
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop)
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await task
+        except asyncio.CancelledError:
+            if not cancelled_here:
+                # A library's own cancellation that escaped into the service: it ended there,
+                # whatever it had left to close. Said, and a failure, so a supervisor restarts it.
+                log.error("stopped by a cancellation no signal asked for: the service did not finish")
+                raise SystemExit(1) from None
 
     asyncio.run(runner())

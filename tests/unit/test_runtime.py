@@ -1,0 +1,52 @@
+"""Running a service until signalled: a signal drains it, a second one (or the backstop) cancels it
+quietly, and a cancellation nobody asked for is a failure, not a quiet exit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from shared.runtime import run_until_signalled
+
+
+def signal_soon(sig: signal.Signals = signal.SIGTERM, after_s: float = 0.05) -> None:
+    asyncio.get_running_loop().call_later(after_s, os.kill, os.getpid(), sig)
+
+
+def test_a_signal_sets_stopping_and_the_service_returns_after_its_drain():
+    drained = []
+
+    async def main(stopping: asyncio.Event) -> None:
+        signal_soon()
+        await stopping.wait()
+        drained.append(True)
+
+    run_until_signalled(main)
+    assert drained == [True]
+
+
+def test_a_drain_past_its_backstop_is_cancelled_and_the_process_ends_without_error():
+    closed = []
+
+    async def main(stopping: asyncio.Event) -> None:
+        signal_soon()
+        try:
+            await asyncio.sleep(3600)  # a drain that never ends
+        finally:
+            closed.append(True)
+
+    run_until_signalled(main, backstop_s=0.05)
+    assert closed == [True]
+
+
+def test_a_cancellation_no_signal_asked_for_fails_the_process(caplog):
+    async def main(stopping: asyncio.Event) -> None:
+        raise asyncio.CancelledError  # as a library's own cancellation escaping into the service
+
+    with pytest.raises(SystemExit) as ended:
+        run_until_signalled(main)
+    assert ended.value.code == 1
+    assert "no signal asked for" in caplog.text
