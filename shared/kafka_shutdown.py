@@ -51,8 +51,13 @@ async def _abandon(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
     """What `stop()` left undone, through the parts it uses (aiokafka has no public way)."""
     if isinstance(client, AIOKafkaProducer):
         client._message_accumulator.fail_all(KafkaTimeoutError("the producer stopped before delivering"))
+        sender = client._sender
+        if sender.sender_task is not None:
+            # Its callback for a sender that failed would fail the batches again and then raise
+            # inside aiokafka (an idempotent producer has no transaction to fail): they are failed.
+            sender.sender_task.remove_done_callback(sender._fail_all)
         with contextlib.suppress(Exception):
-            await client._sender.close()
+            await sender.close()
         connections = client.client
     else:
         connections = client._client

@@ -19,9 +19,9 @@ from tests.conftest import TEST_PORT, fleet_env
 from tests.fault.conftest import quiet, start_streams
 
 # What a service's log shows when it exits with a client, socket or task never closed: aiokafka's,
-# redis-py's and asyncio's own reports (some logged always, the rest as ResourceWarnings); and when
-# its shutdown overran its backstop and was cut short (shared/runtime.py).
-LEFT_OPEN = ("Unclosed", "unclosed", "Task was destroyed but it is pending", "without finishing the drain")
+# redis-py's and asyncio's own reports (some logged always, the rest as ResourceWarnings); when its
+# shutdown overran its backstop and was cut short (shared/runtime.py); and any error's traceback.
+UNCLEAN = ("Unclosed", "unclosed", "Task was destroyed but it is pending", "without finishing the drain", "Traceback")
 
 
 @pytest.mark.parametrize("broker", ["serving", "gone"])
@@ -49,5 +49,5 @@ async def test_every_service_stops_cleanly_and_closes_its_clients(broker: str, o
     assert exits == {child.name: 0 for child in children}, exits
     for log in logs.iterdir():
         text = log.read_text(errors="replace")
-        left = [line for line in text.splitlines() if any(sign in line for sign in LEFT_OPEN)]
+        left = [line for line in text.splitlines() if any(sign in line for sign in UNCLEAN)]
         assert left == [], f"{log.name}: {left}"

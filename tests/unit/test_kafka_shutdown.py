@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from shared.kafka_shutdown import stop_client
 
@@ -24,11 +24,13 @@ class CancelledInside(AIOKafkaConsumer):
     """As aiokafka's fetcher does with the broker gone: its own task's cancellation escapes."""
 
     async def stop(self) -> None:
+        self._closed = True  # as aiokafka's stop() does first
         raise asyncio.CancelledError
 
 
 class NeverStops(AIOKafkaConsumer):
     async def stop(self) -> None:
+        self._closed = True
         await asyncio.sleep(3600)
 
 
@@ -58,3 +60,30 @@ async def test_the_callers_own_cancellation_goes_on_up():
     with pytest.raises(asyncio.CancelledError):
         await stopping
     assert not connections.closed
+
+
+class NeverFlushes(AIOKafkaProducer):
+    async def stop(self) -> None:
+        self._closed = True
+        await asyncio.sleep(3600)
+
+
+async def test_a_producer_that_cannot_deliver_fails_its_records_and_closes_without_an_error_logged(caplog):
+    client = NeverFlushes(bootstrap_servers="127.0.0.1:1", enable_idempotence=True)
+    client.client = connections = Connections()
+
+    async def sending() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise ConnectionError("a produce request in flight to the absent broker") from None
+
+    # The sender as aiokafka starts it, its done callback included.
+    client._sender._sender_task = asyncio.create_task(sending())
+    client._sender._sender_task.add_done_callback(client._sender._fail_all)
+    await asyncio.sleep(0)
+    await stop_client(client, within_s=0.05)
+    await asyncio.sleep(0)  # any done callbacks run
+    assert connections.closed
+    assert client._sender.sender_task.done()
+    assert [r.message for r in caplog.records if r.levelname == "ERROR"] == []
