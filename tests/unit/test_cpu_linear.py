@@ -1,6 +1,7 @@
 """CpuLinear computes what linear does through oneDNN's packed weight, for one row, a decode step's
 few and a prompt's many; swapping it in keeps a model's outputs, and the dense weights only where a
-graph will be compiled from them (or where the output layer shares the embedding's)."""
+graph will be compiled from them (or where the output layer shares the embedding's); a graph traced
+with the packed weights multiplies with them and packs no copy of its own."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import dataclasses
 
 import pytest
 import torch
+import torch._inductor.config as inductor_config
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 
-from services.worker.engine.cpu_linear import CpuLinear, use_cpu_linear_
+from services.worker.engine.cpu_linear import CpuLinear, trace_packed_, use_cpu_linear_
 from services.worker.engine.model import LlamaModel
 from shared.models.shapes import SHAPES
 
@@ -45,3 +48,17 @@ def test_swapping_keeps_the_models_outputs(tiny: LlamaModel, keep_dense: bool) -
     assert model.lm_head.weight.data_ptr() == model.embed_tokens.weight.data_ptr()  # tied: one tensor, kept
     projections = [layer.mlp.down_proj for layer in model.layers]
     assert all((p.weight is not None) == keep_dense for p in projections)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_graph_traced_with_the_packed_weights_packs_none_of_its_own(packed: bool, one_torch_thread) -> None:
+    weight = torch.randn(48, 32)
+    layer = CpuLinear(weight)
+    trace_packed_(layer, packed)
+    x = torch.randn(7, 32)
+    counters.clear()
+    with torch.no_grad(), inductor_config.patch({"freezing": True}):
+        out = torch.compile(layer)(x)
+    torch.testing.assert_close(out, F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    # Freezing packs a dense float32 weight for oneDNN itself, a copy the graph then holds.
+    assert (counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] == 0) == packed

@@ -18,6 +18,7 @@ is one graph for every batch of two rows or more.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import sys
 import threading
@@ -32,6 +33,7 @@ from torch import nn
 
 from services.worker.engine.attention import AttentionMetadata, DecodeGroupMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
+from services.worker.engine.cpu_linear import trace_packed_
 from services.worker.engine.model import KVCache, LlamaModel
 from services.worker.engine.quantize import is_quantized
 
@@ -42,17 +44,22 @@ log = logging.getLogger(__name__)
 class GraphPlan:
     """Steps of up to max_rows rows (None: any) run the module compiled with these inductor options
     (set around the compiling calls: torch.compile's `options` do not reach the freezing passes),
-    one graph per warm-up batch."""
+    one graph per warm-up batch. With eager_packed_weights, float32 projections multiply with the
+    weights the eager path packed for oneDNN (cpu_linear.py), the very products freezing would
+    choose, so the module packs no copy of its own; else inductor packs its own from the dense ones."""
 
     max_rows: int | None
     inductor_options: dict
     warmup_batches: tuple[int, ...]
+    eager_packed_weights: bool = False
 
 
 # A few rows read the weights more than they multiply: max_autotune times inductor's own GEMM
 # kernels, over weights it packs for them, against the ATen (oneDNN) ones at the warm-up's shape.
 # More rows are bound by arithmetic, where the kernels picked at two rows fall behind oneDNN's
-# packed products, which frozen float32 and bfloat16 linears get without autotuning. SmolLM2 float32
+# packed products, which frozen bfloat16 linears get without autotuning, and float32 ones take as
+# the eager path packed them (traced the same speed as frozen ones: 16 rows 50.6 against 49.9 ms,
+# 64 rows 162.7 against 162.4, one process, rounds taking turns; a copy less). SmolLM2 float32
 # on a 2-core AVX-512 EPYC, ms a step, autotuned graph against oneDNN graph: 2 rows 22.9 against
 # 34.8, 4 rows 18.6 against 33.8, 6 rows 31.6 against 29.9, 16 rows 70.8 against 49.1; at 64 rows
 # the oneDNN graph took 152 ms, the eager step 188 and the autotuned graph 298 (another run).
@@ -60,7 +67,9 @@ class GraphPlan:
 # 134 ms eagerly), so it takes them all.
 AUTOTUNED = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 FEW_ROWS = GraphPlan(max_rows=5, inductor_options=AUTOTUNED, warmup_batches=(1, 2))
-MANY_ROWS = GraphPlan(max_rows=None, inductor_options={"freezing": True}, warmup_batches=(8,))
+MANY_ROWS = GraphPlan(
+    max_rows=None, inductor_options={"freezing": True}, warmup_batches=(8,), eager_packed_weights=True
+)
 QUANTIZED = GraphPlan(max_rows=None, inductor_options=AUTOTUNED, warmup_batches=(1, 2))
 MIN_BLOCKS = 2  # a group reads at least two blocks: a width of one would be a third specialisation
 # The warm-up's block width. Sizes equal at compile time are taken to be equal for good (duck
@@ -68,6 +77,15 @@ MIN_BLOCKS = 2  # a group reads at least two blocks: a width of one would be a t
 WARMUP_BLOCKS = 5
 BACKGROUND_SWITCH_INTERVAL_S = 1e-4  # the GIL handed over this often while compiling behind serving
 RECOMPILE_REFUSED = "fail_on_recompile"  # in the error dynamo raises for a call no graph covers
+
+
+def _give_back_freed_memory() -> None:
+    """Compiling frees much of what it allocated in pieces glibc keeps in its heap instead of returning
+    them: SmolLM2 float32 stayed 0.54 GiB larger than it needed until malloc_trim. Elsewhere than
+    glibc there is nothing to call."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 class _DecodeLogits(nn.Module):
@@ -114,6 +132,7 @@ class CpuDecodeGraphs:
     them once they are ready, and never compiles on the caller's thread."""
 
     def __init__(self, model: LlamaModel, kv_caches: list[KVCache], block_size: int) -> None:
+        self.model = model
         self.kv_caches = kv_caches
         for cache in kv_caches:  # fixed shapes: no symbols, so no step's sizes can be taken for theirs
             for tensor in cache:
@@ -163,6 +182,7 @@ class CpuDecodeGraphs:
         log.info("compiling CPU decode graphs (minutes on a few cores; %s)", meanwhile)
         try:
             for plan, compiled in zip(self.plans, self.compiled, strict=True):
+                trace_packed_(self.model, plan.eager_packed_weights)
                 with inductor_config.patch(plan.inductor_options):
                     for batch in plan.warmup_batches:
                         compiled(*self._warmup_args(batch))
@@ -171,6 +191,7 @@ class CpuDecodeGraphs:
             log.exception("compiling the CPU decode graphs failed; every step runs eagerly")
             return
         self.ready.set()
+        _give_back_freed_memory()
         log.info("CPU decode graphs ready after %.0f s", time.perf_counter() - started)
 
     def plan_for(self, rows: int) -> int:
