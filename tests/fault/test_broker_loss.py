@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from services.launcher.fleet import Fleet, FleetSpec
 from shared.infra import kafka
 from shared.infra.command import create_topics
 from shared.topics import TopicLayout
-from tests.conftest import TEST_PORT, fleet_env
+from tests.conftest import start_fleet
 from tests.fault.conftest import quiet, start_streams
 
 # What a service's log shows when it exits with a client, socket or task never closed: aiokafka's,
@@ -32,12 +31,10 @@ async def test_every_service_stops_cleanly_and_closes_its_clients(broker: str, o
     monkeypatch.setenv("PYTHONWARNINGS", "always::ResourceWarning")
     logs = tmp_path / "logs"
     logs.mkdir()
-    spec = FleetSpec.at(TEST_PORT, extra_env=fleet_env(layout), model="echo", edges=1, routers=1, workers=1)
-    fleet = Fleet(spec, log_dir=logs, echo_logs=False)
-    fleet.start(ready_timeout_s=120)
+    fleet = start_fleet(layout, logs, model="echo", edges=1, routers=1, workers=1)  # its logs, to read here
     children = list(fleet.children.values())
     try:
-        sockets, _ = await start_streams(spec.chat_url(0), 2, words=20)
+        sockets, _ = await start_streams(fleet.spec.chat_url(0), 2, words=20)
         for sock in sockets:
             await sock.close()
         if broker == "gone":
