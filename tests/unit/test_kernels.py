@@ -7,7 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu_attention import CpuAttentionPlan, paged_attention_cpu, write_kv_cpu
+from kernels.cpu_attention import (
+    PAD_BLOCK,
+    CpuAttentionPlan,
+    decode_group_attention,
+    paged_attention_cpu,
+    write_kv_cpu,
+)
 from kernels.decode_attention import (
     paged_decode_attention,
     paged_decode_attention_ref,
@@ -318,6 +324,26 @@ def test_cpu_decode_matches_ref(context_lens: list[int], group: int) -> None:
     expected = paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.2)
     torch.testing.assert_close(_cpu_attention(q, k_cache, v_cache, tables, cu, lens, 0.2), expected,
                                atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_decode_group_writes_then_attends_like_the_ref(dtype: torch.dtype) -> None:
+    # The compiled graphs' form: whole blocks read where they lie, positions past each context masked.
+    context_lens, block_size = [37, 20, 33, 40], 16
+    q, k_cache, v_cache, tables, lens = _decode_case(context_lens, 3, 16, block_size, seed=26, dtype=dtype)
+    k, v = torch.randn(2, len(context_lens), 2, 16, generator=_generator(27)).to(dtype)
+    last = lens.long() - 1
+    slots = tables.long().gather(1, (last // block_size)[:, None])[:, 0] * block_size + last % block_size
+    blocks = tables.long().masked_fill(tables == TABLE_PAD, PAD_BLOCK)
+    visible = (torch.arange(blocks.shape[1] * block_size)[None] < lens[:, None])[:, None, None, :]
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    write_kv_ref(k, v, expected_k, expected_v, slots)
+    expected = paged_decode_attention_ref(q.float(), expected_k.float(), expected_v.float(), tables, lens, 0.2)
+    out = decode_group_attention(q, k, v, k_cache, v_cache, slots, blocks, visible, 0.2)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+    atol, rtol = (ATOL, RTOL) if dtype == torch.float32 else (1e-2, 1e-2)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected, atol=atol, rtol=rtol)
 
 
 def test_cpu_decode_groups_contexts_within_a_factor_of_two() -> None:
