@@ -50,7 +50,7 @@ def _caller_cancelled() -> bool:
 async def _abandon(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
     """What `stop()` left undone, through the parts it uses (aiokafka has no public way)."""
     if isinstance(client, AIOKafkaProducer):
-        client._message_accumulator.fail_all(KafkaTimeoutError("the producer stopped before delivering"))
+        _fail_undelivered(client)
         sender = client._sender
         if sender.sender_task is not None:
             # Its callback for a sender that failed would fail the batches again and then raise
@@ -62,3 +62,19 @@ async def _abandon(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
     else:
         connections = client._client
     await connections.close()
+
+
+def _fail_undelivered(producer: AIOKafkaProducer) -> None:
+    """Fail every record the producer still holds, queued or in flight, as its sender does when it
+    fails. Two things aiokafka leaves wrong for that are set right around it: a batch put back in
+    the queue for a retry has left the pending set yet keeps the callback that removes it from there
+    once it fails (a KeyError inside aiokafka), and a failed batch's drain waiter, which nobody
+    awaits once the producer is stopping, would be logged as an exception never retrieved."""
+    accumulator = producer._message_accumulator
+    queued = [batch for batches in accumulator._batches.values() for batch in batches]
+    accumulator._pending_batches.update(batch for batch in queued if batch.retry_count > 0)
+    held = [*queued, *accumulator._pending_batches]
+    accumulator.fail_all(KafkaTimeoutError("the producer stopped before delivering"))
+    for batch in held:
+        if batch._drain_waiter.done() and not batch._drain_waiter.cancelled():
+            batch._drain_waiter.exception()  # marks it retrieved; a waiter still awaiting it gets it all the same

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaTimeoutError
 
 from shared.kafka_shutdown import stop_client
 
@@ -87,3 +88,26 @@ async def test_a_producer_that_cannot_deliver_fails_its_records_and_closes_witho
     assert connections.closed
     assert client._sender.sender_task.done()
     assert [r.message for r in caplog.records if r.levelname == "ERROR"] == []
+
+
+async def test_records_queued_retried_and_in_flight_all_fail_and_aiokafka_logs_no_error(caplog):
+    # aiokafka puts a batch whose produce request failed back in its queue for a retry: it leaves the
+    # pending set then, but keeps the callback that removes it from there once it fails, and gets a
+    # fresh drain waiter, which nobody awaits once the producer is stopping.
+    client = NeverFlushes(bootstrap_servers="127.0.0.1:1", enable_idempotence=True)
+    client.client = Connections()
+    client._txn_manager.set_pid_and_epoch(1, 0)  # as the broker gives an idempotent producer at its start
+    accumulator = client._message_accumulator
+    deliveries = [await accumulator.add_message(TopicPartition("t", p), None, b"record", timeout=1) for p in range(3)]
+    in_flight = accumulator._pop_batch(TopicPartition("t", 1))
+    retried = accumulator._pop_batch(TopicPartition("t", 2))
+    accumulator.reenqueue(retried)  # its produce request failed
+    batches = [*accumulator._batches[TopicPartition("t", 0)], in_flight, retried]
+    await stop_client(client, within_s=0.05)
+    await asyncio.sleep(0)  # the batches' done callbacks run
+    for delivery in deliveries:
+        with pytest.raises(KafkaTimeoutError):
+            await delivery
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+    # An exception set on a future that nobody retrieves is logged as an error when it is collected.
+    assert not [batch for batch in batches if batch._drain_waiter._log_traceback]
