@@ -19,6 +19,7 @@ is one graph for every batch of two rows or more.
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import sys
 import threading
@@ -190,6 +191,10 @@ class CpuDecodeGraphs:
             self.failed = True
             log.exception("compiling the CPU decode graphs failed; every step runs eagerly")
             return
+        # Compiling SmolLM2 leaves ~12,700 objects in reference cycles (0.35 s to collect). Collected
+        # here, before any step runs a graph, their finalizers run on this thread, not at whatever
+        # point of a serving step the collector next chose (inside one of torch's own loops, say).
+        gc.collect()
         self.ready.set()
         _give_back_freed_memory()
         log.info("CPU decode graphs ready after %.0f s", time.perf_counter() - started)
