@@ -165,15 +165,22 @@ def format_storage(cfg: InfraSettings, java: str, report: Report) -> None:
         raise InfraError(f"Kafka storage format failed:\n{(done.stdout + done.stderr)[-3000:]}")
 
 
+def _is_running(pid: int) -> bool:
+    """True if `pid` exists and is not a zombie, whatever it runs."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
 def _is_broker(pid: int) -> bool:
     """True if `pid` is a live (not zombie) JVM running kafka.Kafka."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    state = stat.rsplit(")", 1)[-1].split()[0]
-    return state not in ("Z", "X") and MAIN_CLASS.encode() in cmdline.split(b"\0")
+    return _is_running(pid) and MAIN_CLASS.encode() in cmdline.split(b"\0")
 
 
 def broker_pid(cfg: InfraSettings) -> int | None:
@@ -280,7 +287,9 @@ def wait_ready(cfg: InfraSettings, pid: int | None) -> float:
     started = time.monotonic()
     deadline = started + cfg.kafka_ready_timeout_s
     while not answers(cfg):
-        if pid is not None and not _is_broker(pid):
+        # The pid is the one just started: whether it still runs is all that counts. Its command
+        # line is no test here, as it reads empty while the process execs the JVM.
+        if pid is not None and not _is_running(pid):
             raise InfraError(
                 f"the Kafka broker exited during start-up; end of {cfg.kafka_log_file}:\n"
                 + log_tail(cfg.kafka_log_file)
