@@ -73,7 +73,7 @@ def _fail_undelivered(producer: AIOKafkaProducer) -> None:
     accumulator = producer._message_accumulator
     queued = [batch for batches in accumulator._batches.values() for batch in batches]
     accumulator._pending_batches.update(batch for batch in queued if batch.retry_count > 0)
-    held = [*queued, *accumulator._pending_batches]
+    held = {*queued, *accumulator._pending_batches}
     accumulator.fail_all(KafkaTimeoutError("the producer stopped before delivering"))
     for batch in held:
         if batch._drain_waiter.done() and not batch._drain_waiter.cancelled():
