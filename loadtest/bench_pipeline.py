@@ -43,6 +43,7 @@ from shared.chat_client import ChatSocket
 from shared.infra.command import drop_topics, fresh_topics
 from shared.infra.settings import InfraSettings
 from shared.models.echo import split_pieces
+from shared.service_settings import EventLoop
 from shared.topics import TopicLayout
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -117,13 +118,14 @@ async def run_streams(url: str, streams: int, words: int, delay_s: float) -> dic
     }
 
 
-def start_fleet(delay_ms: float) -> tuple[Fleet, Path, TopicLayout]:
+def start_fleet(delay_ms: float, event_loop: EventLoop) -> tuple[Fleet, Path, TopicLayout]:
     layout = fresh_topics("bench", partitions=8)
     log_dir = Path(InfraSettings().infra_dir) / "logs" / "bench"
     log_dir.mkdir(parents=True, exist_ok=True)
     spec = FleetSpec(
         edges=1, workers=1, routers=1, model="echo", echo_delay_ms=delay_ms,
-        base_port=28080, base_internal_port=29180, base_gossip_port=30280, extra_env={"DRIVETRAIN_TOPICS_PREFIX": layout.prefix},
+        base_port=28080, base_internal_port=29180, base_gossip_port=30280,
+        extra_env={"DRIVETRAIN_TOPICS_PREFIX": layout.prefix, "DRIVETRAIN_EVENT_LOOP": event_loop},
     )
     fleet = Fleet(spec, log_dir=log_dir, echo_logs=False)
     fleet.start()
@@ -231,9 +233,11 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=20.0, help="echo model pace: one piece per step")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=1, help="rounds per stream count; each figure is their median")
+    parser.add_argument("--event-loop", type=EventLoop, choices=list(EventLoop), default=EventLoop.UVLOOP,
+                        help="the loop the fleet's services run on (the clients and the direct server stay on asyncio's)")  # fmt: skip
     parser.add_argument("--json", type=Path, default=RESULTS / "pipeline.json")
     args = parser.parse_args()
-    fleet, log_dir, layout = start_fleet(args.delay_ms)
+    fleet, log_dir, layout = start_fleet(args.delay_ms, args.event_loop)
     try:
         rows = asyncio.run(measure(args, fleet.spec.chat_url(0), fleet_metrics_urls(fleet.spec)))
     finally:
@@ -241,7 +245,7 @@ def main() -> None:
         drop_topics(layout)  # the broker keeps none of ours
     args.json.parent.mkdir(parents=True, exist_ok=True)
     command = "python loadtest/bench_pipeline.py " + " ".join(sys.argv[1:])
-    args.json.write_text(json.dumps({"command": command.strip(), "delay_ms": args.delay_ms, "words": args.words, "rows": rows}, indent=2))
+    args.json.write_text(json.dumps({"command": command.strip(), "event_loop": args.event_loop, "delay_ms": args.delay_ms, "words": args.words, "rows": rows}, indent=2))
     plot(rows, args.json.with_suffix(".png"))
     print(f"wrote {args.json} and {args.json.with_suffix('.png')}; fleet logs in {log_dir}")
 

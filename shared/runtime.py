@@ -56,11 +56,15 @@ def setup_logging(level: str, name: str) -> None:
 
 
 def run_until_signalled(
-    main: Main, on_signal: Callable[[], None] | None = None, backstop_s: float | None = None
+    main: Main,
+    on_signal: Callable[[], None] | None = None,
+    backstop_s: float | None = None,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
 ) -> None:
     """Run `main(stopping)`. SIGINT or SIGTERM calls `on_signal` (say, to report draining) and sets
     `stopping`, so `main` drains and returns; a second signal, or `main` still running `backstop_s`
-    after the first, cancels it, so its `finally` blocks shut it down at once."""
+    after the first, cancels it, so its `finally` blocks shut it down at once. It runs on a loop
+    from `loop_factory` (asyncio's own when none)."""
 
     async def runner() -> None:
         stopping = asyncio.Event()
@@ -96,4 +100,5 @@ def run_until_signalled(
                 log.error("stopped by a cancellation no signal asked for: the service did not finish")
                 raise SystemExit(1) from None
 
-    asyncio.run(runner())
+    with asyncio.Runner(loop_factory=loop_factory) as loop_runner:
+        loop_runner.run(runner())

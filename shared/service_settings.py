@@ -6,10 +6,13 @@ loopback); `compose` points at the docker-compose stack's services and gossips o
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar
 
+import uvloop
 from aiokafka.helpers import create_ssl_context
 from pydantic import SecretStr
 
@@ -30,6 +33,14 @@ class SaslMechanism(StrEnum):
     SCRAM_SHA_512 = "SCRAM-SHA-512"
     SCRAM_SHA_256 = "SCRAM-SHA-256"
     PLAIN = "PLAIN"
+
+
+class EventLoop(StrEnum):
+    UVLOOP = "uvloop"
+    ASYNCIO = "asyncio"
+
+    def factory(self) -> Callable[[], asyncio.AbstractEventLoop]:
+        return uvloop.new_event_loop if self is EventLoop.UVLOOP else asyncio.new_event_loop
 
 
 class KafkaSettings(Section):
@@ -97,6 +108,8 @@ class ServiceSettings(ProfiledSettings):
 
     log_level: str = "INFO"
     """Python logging level"""
+    event_loop: EventLoop = EventLoop.UVLOOP
+    """the asyncio loop the service runs on: uvloop (libuv's; less CPU per socket write and Kafka record) | asyncio (the standard library's)"""
     topics: TopicLayout = TopicLayout()
     kafka: KafkaSettings = KafkaSettings()
     redis: RedisSettings = RedisSettings()

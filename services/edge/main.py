@@ -127,4 +127,5 @@ def main(settings: EdgeSettings) -> None:
         lambda stopping: serve_edge(settings, health, stopping),
         on_signal=lambda: health.set(Lifecycle.DRAINING),
         backstop_s=settings.drain_timeout_s + DRAIN_BACKSTOP_MARGIN_S,
+        loop_factory=settings.event_loop.factory(),
     )

@@ -14,5 +14,8 @@ def main(settings: RouterSettings) -> None:
     setup_logging(settings.log_level, settings.name)
     health = Health("router", settings.name)
     run_until_signalled(
-        RouterService(settings, health).run, on_signal=lambda: health.set(Lifecycle.DRAINING), backstop_s=STOP_BACKSTOP_S
+        RouterService(settings, health).run,
+        on_signal=lambda: health.set(Lifecycle.DRAINING),
+        backstop_s=STOP_BACKSTOP_S,
+        loop_factory=settings.event_loop.factory(),
     )

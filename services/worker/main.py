@@ -83,6 +83,7 @@ def main(settings: WorkerSettings) -> None:
             lambda stopping: serve_worker(settings, engine, health, stopping),
             on_signal=lambda: health.set(Lifecycle.DRAINING),
             backstop_s=settings.drain_timeout_s + DRAIN_BACKSTOP_MARGIN_S,
+            loop_factory=settings.event_loop.factory(),
         )
     finally:
         # Back to the collector for the interpreter's last pass: frozen objects are never

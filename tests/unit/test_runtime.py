@@ -8,8 +8,10 @@ import os
 import signal
 
 import pytest
+import uvloop
 
 from shared.runtime import run_until_signalled
+from shared.service_settings import EventLoop
 
 
 def signal_soon(sig: signal.Signals = signal.SIGTERM, after_s: float = 0.05) -> None:
@@ -50,3 +52,17 @@ def test_a_cancellation_no_signal_asked_for_fails_the_process(caplog):
         run_until_signalled(main)
     assert ended.value.code == 1
     assert "no signal asked for" in caplog.text
+
+
+@pytest.mark.parametrize("event_loop", list(EventLoop))
+def test_the_service_runs_on_the_loop_its_settings_choose(event_loop):
+    loops = []
+
+    async def main(stopping: asyncio.Event) -> None:
+        loops.append(type(asyncio.get_running_loop()))
+
+    run_until_signalled(main, loop_factory=event_loop.factory())
+    made = event_loop.factory()()
+    made.close()
+    assert loops == [type(made)]
+    assert (loops[0] is uvloop.Loop) == (event_loop is EventLoop.UVLOOP)
