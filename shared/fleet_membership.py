@@ -23,7 +23,8 @@ async def join_fleet(
     settings: ServiceSettings, member_id: str, role: str, addresses: dict[str, str], load: Load
 ) -> Membership:
     gossip = settings.membership()
-    membership = Membership(gossip, member_id, role, addresses, dict(load))
+    # On its own thread: a service loop busy for a while (load) must not look like a crash.
+    membership = Membership(gossip, member_id, role, addresses, dict(load), own_thread=True)
     own = (gossip.advertised_host, gossip.port)
     # The first seed need not wait for itself to answer.
     await membership.start([seed for seed in gossip.seed_addresses() if seed != own])

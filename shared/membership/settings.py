@@ -51,6 +51,8 @@ class MembershipSettings:
     """seconds between full-state exchanges with one random member (longer past 32 members)"""
     resync_interval: float = 1.0
     """at most this often per peer, repair drifted views (re-contact seeds, swap state with a stranger)"""
+    stall_timeout: float = 10.0
+    """seconds a service's own loop may go without running before its member (gossiping on a thread of its own) goes silent and the others declare it dead; load that only delays the loop never does"""
     awareness_max_multiplier: int = 8
     """a member missing acks stretches its own probe interval and timeout by up to this factor"""
     dead_retention: float = 10.0

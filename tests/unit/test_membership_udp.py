@@ -1,7 +1,9 @@
 """The asyncio Membership shell: three members over real UDP on loopback, and the shell on the in-memory network."""
 
 import asyncio
+import contextlib
 import json
+import threading
 import time
 
 import pytest
@@ -15,6 +17,7 @@ from shared.membership import (
     members_table,
     query_members,
 )
+from shared.membership.loop_thread import LoopThread
 
 # Anything stuck fails fast, with a stack dump, instead of at the suite-wide limit.
 pytestmark = pytest.mark.timeout(60)
@@ -72,6 +75,57 @@ async def test_three_members_over_udp_join_share_load_and_detect_a_crash():
     finally:
         for member in (router, worker, edge):
             await member.close()
+
+
+def hold_the_loop(seconds: float) -> None:
+    """Python work that keeps this thread's loop from running (it yields the interpreter between bytecodes)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@contextlib.asynccontextmanager
+async def worker_beside_others(config: MembershipSettings):
+    """worker-0's service loop is this test's; edge-0's and router-0's run on another thread.
+    Yields the three and the (member, status) changes edge-0 saw, with the threads it saw them on."""
+    others = LoopThread("others")
+    edge = Membership(config, "edge-0", "edge", own_thread=True)
+    router = Membership(config, "router-0", "router", own_thread=True)
+    worker = Membership(config, "worker-0", "worker", own_thread=True)
+    changes = []
+    edge.on_change(lambda event: changes.append((event.member.id, event.new_status, threading.current_thread().name)))
+    try:
+        await others.run(edge.start())
+        await others.run(router.start([edge.address]))
+        await worker.start([edge.address])
+        await wait_for(lambda: len(edge.alive()) == 3 and len(worker.alive()) == 3, 3.0, "all three alive")
+        yield edge, router, worker, changes
+    finally:
+        await worker.close()
+        await others.run(router.close())
+        await others.run(edge.close())
+        others.close()
+
+
+async def test_a_member_whose_service_loop_is_held_longer_than_a_suspicion_lasts_stays_alive():
+    """Gossip answers on its own thread: seconds of load on the service's loop are no crash."""
+    async with worker_beside_others(CONFIG) as (edge, router, worker, changes):
+        joined = len(changes)
+        hold_the_loop(3.0)  # suspicion lasts 0.6-1.2 s here
+        await asyncio.sleep(0.5)
+        assert changes[joined:] == []
+        assert [m.status for m in (edge.member("worker-0"), router.member("worker-0"))] == [Status.ALIVE] * 2
+        worker.set_load({"running": 7})
+        await wait_for(lambda: edge.member("worker-0").load.get("running") == 7, 2.0, "load set from the service's loop")
+        assert {thread for _, _, thread in changes} == {"others"}  # events reach the loop that started the member
+
+
+async def test_a_member_whose_service_loop_stalls_past_the_stall_timeout_is_declared_dead_then_refutes():
+    async with worker_beside_others(CONFIG.replace(stall_timeout=1.0)) as (edge, router, worker, changes):
+        hold_the_loop(4.0)  # silent from 1 s on: suspected, then dead within another 2.5 s
+        await wait_for(lambda: edge.member("worker-0").status is Status.ALIVE, 3.0, "the member to come back")
+        ours = [status for member_id, status, _ in changes if member_id == "worker-0"]
+        assert ours[1:3] == [Status.SUSPECT, Status.DEAD] and ours[-1] is Status.ALIVE
 
 
 async def test_graceful_stop_is_seen_as_left_and_callbacks_fire():
