@@ -245,7 +245,8 @@ def main() -> None:
         drop_topics(layout)  # the broker keeps none of ours
     args.json.parent.mkdir(parents=True, exist_ok=True)
     command = "python loadtest/bench_pipeline.py " + " ".join(sys.argv[1:])
-    args.json.write_text(json.dumps({"command": command.strip(), "event_loop": args.event_loop, "delay_ms": args.delay_ms, "words": args.words, "rows": rows}, indent=2))
+    result = {"command": command.strip(), "event_loop": args.event_loop, "delay_ms": args.delay_ms, "words": args.words}
+    args.json.write_text(json.dumps(result | {"rows": rows}, indent=2))
     plot(rows, args.json.with_suffix(".png"))
     print(f"wrote {args.json} and {args.json.with_suffix('.png')}; fleet logs in {log_dir}")
 
