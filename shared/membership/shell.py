@@ -40,7 +40,8 @@ Step = Callable[[Node], Iterable[Outgoing]]
 class Membership:
     """One process's membership: start(seeds) / stop(), set_load / set_addresses, members / alive, events.
 
-    Events reach callbacks and queues on the loop that called `start`, whichever thread gossips.
+    Events reach callbacks and queues on the loop that called `start`, whichever thread gossips;
+    on its own thread, a moment after `members` and `alive` already show the change.
     """
 
     def __init__(
