@@ -72,7 +72,8 @@ class Membership:
         self._own_thread = own_thread
         self._thread: LoopThread | None = None
         self._home: asyncio.AbstractEventLoop | None = None  # the caller's loop, where events are dispatched
-        self._lock = threading.Lock()  # the node, between the gossiping thread and readers on others
+        # Held while the node changes and by readers on other threads; the gossiping thread's own reads need none.
+        self._lock = threading.Lock()
         self._home_beat = time.monotonic()
         self._beating: asyncio.Task[None] | None = None
         self._stalled = False
@@ -152,10 +153,7 @@ class Membership:
         self._advance(lambda node: node.leave(self._clock()))
         self._wake.set()
         deadline = time.monotonic() + self.config.leave_timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self._node.broadcasts.pending(self.id) is None:
-                    break
+        while self._node.broadcasts.pending(self.id) is not None and time.monotonic() < deadline:
             await asyncio.sleep(self.config.gossip_interval / 2)
         await self._close()
 
@@ -284,9 +282,7 @@ class Membership:
         except Exception:
             log.exception("membership %s: packet from %s failed", self.id, source)
             return
-        with self._lock:
-            due = node.next_deadline()
-        if due < self._sleep_until:
+        if node.next_deadline() < self._sleep_until:
             self._wake.set()
 
     def _advance(self, step: Step) -> None:
