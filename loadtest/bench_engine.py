@@ -1,6 +1,8 @@
 """What the engine's design buys, each idea measured against its absence in one process:
 continuous vs static batching, chunked vs whole prefill, paged vs reserved KV, prefix caching,
-what the sampling controls cost per step, the engine's own step with a stub model, and (on a GPU) decode speed against the memory-bandwidth bound, with and without CUDA graphs.
+what the sampling controls cost per step, the engine's own step with a stub model and what
+overlapping steps hides of it, and (on a GPU) decode speed against the memory-bandwidth bound, with
+and without CUDA graphs.
 
     python loadtest/bench_engine.py --model tiny --device cpu --quick --json loadtest/results/engine_cpu.json
     python loadtest/bench_engine.py --model llama-8b --device cuda --baseline hf --json loadtest/results/engine_gpu.json
@@ -24,6 +26,7 @@ from bench_report import write_and_report
 from engine_controls import controls, structured
 from engine_decode import decode
 from engine_overhead import overhead
+from engine_overlap import overlap
 from engine_plot import plot_results
 from engine_scenarios import SCENARIOS, sizes_for
 
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="smaller scenarios (sizes in the JSON)")
     parser.add_argument("--baseline", choices=["none", "hf"], default="none", help="also run HF generate")
-    parser.add_argument("--scenarios", default="skewed,long_prompt,memory,prefix,decode,controls,structured,overhead")
+    parser.add_argument("--scenarios", default="skewed,long_prompt,memory,prefix,decode,controls,structured,overhead,overlap")
     parser.add_argument("--chunk-tokens", type=int, default=512, help="token budget per step when chunking")
     parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads (the box may be shared)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), help="default: cpu on a CPU, wall on a GPU")
@@ -87,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             continue  # CUDA graphs and the bandwidth bound mean something only on a GPU
         start = time.perf_counter()
         print(f"{name} ...", flush=True)
-        scenarios = {**SCENARIOS, "decode": decode, "controls": controls, "structured": structured, "overhead": overhead}
+        scenarios = {**SCENARIOS, "decode": decode, "controls": controls, "structured": structured, "overhead": overhead,
+                     "overlap": overlap}
         results[name] = scenarios[name](model, sizes, args)
         results[name]["scenario_seconds"] = time.perf_counter() - start
         print(f"{name}: {json.dumps(results[name], default=float)[:400]}", flush=True)

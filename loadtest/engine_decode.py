@@ -36,7 +36,7 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes * 10 / (time.perf_counter() - start)
 
 
-def decode_tok_s(model: LlamaModel, concurrency: int, graphs: bool, new_tokens: int) -> float:
+def decode_tok_s(model: LlamaModel, concurrency: int, graphs: bool, new_tokens: int, overlap: str = "auto") -> float:
     """Output tok/s of `concurrency` streams decoding together, prefills excluded."""
     rng = np.random.default_rng(5)
     requests = [Request(str(i), random_tokens(rng, 128), fixed(new_tokens + 1)) for i in range(concurrency)]
@@ -51,7 +51,9 @@ def decode_tok_s(model: LlamaModel, concurrency: int, graphs: bool, new_tokens: 
             engine.step()
         return concurrency * new_tokens / (time.perf_counter() - start)
 
-    settings = EngineSettings(max_num_seqs=max(concurrency, 8), cuda_graphs=graphs, kv_memory_fraction=0.8)
+    settings = EngineSettings(
+        max_num_seqs=max(concurrency, 8), cuda_graphs=graphs, kv_memory_fraction=0.8, overlap_scheduling=overlap
+    )
     return with_engine(model, settings, run)
 
 
@@ -81,15 +83,17 @@ def decode(model: LlamaModel, sizes: Sizes, args: argparse.Namespace) -> dict:
     result: dict = {"weight_bytes": weight_bytes, "copy_bandwidth_gb_s": bandwidth / 1e9}
     result["bound_tok_s"] = bandwidth / weight_bytes
     new_tokens = 128 if args.quick else 256
+    # Steps overlapped (the default on a GPU), with graphs and without; and with graphs, in turn.
+    variants = {"graphs": (True, "auto"), "eager": (False, "auto"), "graphs_in_turn": (True, "off")}
     for concurrency in (1, 64, 256):
-        for graphs in (True, False):
-            key = f"tok_s_{concurrency}_{'graphs' if graphs else 'eager'}"
-            result[key] = decode_tok_s(model, concurrency, graphs, new_tokens)
+        for name, (graphs, overlap) in variants.items():
+            key = f"tok_s_{concurrency}_{name}"
+            result[key] = decode_tok_s(model, concurrency, graphs, new_tokens, overlap)
             print(f"  decode {key}: {result[key]:.1f}", flush=True)
     result["single_stream_fraction_of_bound"] = result["tok_s_1_graphs"] / result["bound_tok_s"]
     result["graphs_token_agreement_with_eager"] = graphs_agreement(model)
     for concurrency in (1, 64, 256):
-        result[f"graphs_speedup_{concurrency}"] = (
-            result[f"tok_s_{concurrency}_graphs"] / result[f"tok_s_{concurrency}_eager"]
-        )
+        graphs = result[f"tok_s_{concurrency}_graphs"]
+        result[f"graphs_speedup_{concurrency}"] = graphs / result[f"tok_s_{concurrency}_eager"]
+        result[f"overlap_speedup_{concurrency}"] = graphs / result[f"tok_s_{concurrency}_graphs_in_turn"]
     return result

@@ -43,6 +43,13 @@ def plot_results(results: dict, path: Path) -> Path | None:
         r = results["overhead"]
         bars = {f"{k[11:]}\nrunning": v for k, v in r.items() if k.startswith("step_ms_at_")}
         panels.append((f"engine's own step, stub {r['stub_shape']} (ms)", bars))
+    if "overlap" in results:
+        r = results["overlap"]
+        bars = {}
+        for key in (k for k in r if k.startswith("batch_")):
+            bars[f"{key[6:]} in\nturn"] = r[key]["step_ms_off"]
+            bars[f"{key[6:]} over-\nlapped"] = r[key]["step_ms_on"]
+        panels.append((f"step on a simulated {r['device_ms']} ms device (ms)", bars))
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)

@@ -23,10 +23,10 @@ def faulty_runner():
     from services.worker.engine.scheduler import SchedulerOutput
 
     class FaultyRunner(ModelRunner):
-        def run(self, out: SchedulerOutput):
+        def launch(self, out: SchedulerOutput):
             if any(chunk.request_id == "bad" for chunk in out.chunks):
                 raise RuntimeError("injected fault")
-            return super().run(out)
+            return super().launch(out)
 
     return FaultyRunner
 

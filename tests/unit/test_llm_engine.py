@@ -1,5 +1,6 @@
 """LLMEngine, the model's GenerationEngine: chat in, text out; rejections for that request only;
-abort; stop strings; usage with prefix-cache hits; whole characters only; `drivetrain generate`."""
+abort; stop strings; usage with prefix-cache hits; whole characters only; `drivetrain generate`.
+Steps in turn and overlapped alike."""
 
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ SAMPLED = SamplingParams(max_tokens=12, temperature=1.0, seed=11)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture
-def llm() -> LLMEngine:
-    return build_llm_engine(resolve_model("tiny", max_model_len=512), EngineSettings(num_kv_blocks=24), "cpu")
+@pytest.fixture(params=["off", "on"], ids=["in-turn", "overlapped"])
+def llm(request: pytest.FixtureRequest) -> LLMEngine:
+    """Each test runs with steps in turn and overlapped (engine.overlap_scheduling, a GPU's default)."""
+    settings = EngineSettings(num_kv_blocks=24, overlap_scheduling=request.param)
+    return build_llm_engine(resolve_model("tiny", max_model_len=512), settings, "cpu")
 
 
 def chat(request_id: str, text: str, sampling: SamplingParams = SAMPLED) -> EngineRequest:
@@ -121,7 +124,8 @@ def test_abort_frees_blocks_now_and_reports_cancelled(llm: LLMEngine) -> None:
     pool = llm.engine.kv_cache_manager.block_pool
     llm.add_request(chat("a", "First question, quite a long one, to hold a few blocks of cache."))
     llm.add_request(chat("b", "Second."))
-    llm.step()
+    # Until a's first token is out: overlapped, a step's tokens come back with the next call.
+    assert any(any(o.request_id == "a" for o in llm.step()) for _ in range(3))
     free_before = pool.num_free_blocks
     final = llm.abort_request("a")
     assert final.finish_reason == "cancelled" and final.usage.completion_tokens == 1

@@ -8,7 +8,7 @@ from services.worker.engine.block_pool import BlockPool
 from services.worker.engine.kv_cache_manager import KVCacheManager
 from services.worker.engine.request import Request, RequestStatus
 from services.worker.engine.sampling_params import SamplingParams
-from services.worker.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from services.worker.engine.scheduler import PLACEHOLDER, Scheduler, SchedulerConfig, SchedulerOutput
 from services.worker.engine.tenant_order import FCFS
 from services.worker.engine.types import Failure, FailureCode, RequestRejected
 
@@ -314,25 +314,28 @@ def test_fcfs_puts_preempted_requests_in_front_in_their_order():
 
 
 class FakeRunner:
-    """Stands in for the model: writes each token into its KV slot and checks every slot read."""
+    """Stands in for the model: writes each token into its KV slot and checks every slot read. A
+    decode of a pending token (PLACEHOLDER) takes the token the step before drew for it."""
 
     def __init__(self) -> None:
         self.kv: dict[tuple[int, int], int] = {}
 
-    def run(self, scheduler: Scheduler, output: SchedulerOutput) -> dict[str, int]:
+    def run(self, scheduler: Scheduler, output: SchedulerOutput, drawn_before: dict[str, int]) -> dict[str, int]:
         sampled = {}
         for chunk in output.chunks:
             request = scheduler.get_request(chunk.request_id)
-            assert chunk.start_position == request.num_computed_tokens
+            end = chunk.start_position + chunk.num_tokens
+            assert end == request.num_computed_tokens  # a step counts as computed once scheduled
             block_ids = output.block_ids(chunk, BLOCK_SIZE)
             for position in range(chunk.start_position):
                 slot = (block_ids[position // BLOCK_SIZE], position % BLOCK_SIZE)
                 assert self.kv[slot] == request.all_token_ids[position], (chunk.request_id, position)
-            for offset, token in enumerate(chunk.token_ids):
+            token_ids = [drawn_before[chunk.request_id]] if chunk.token_ids == [PLACEHOLDER] else chunk.token_ids
+            for offset, token in enumerate(token_ids):
                 position = chunk.start_position + offset
                 self.kv[(block_ids[position // BLOCK_SIZE], position % BLOCK_SIZE)] = token
             if chunk.sample:
-                sampled[chunk.request_id] = (request.num_tokens * 7) % 5  # few values: shared prefixes
+                sampled[chunk.request_id] = (end * 7) % 5  # few values: shared prefixes
         return sampled
 
 
@@ -352,8 +355,11 @@ def check_pool_invariants(scheduler: Scheduler) -> None:
     assert set(manager.req_to_blocks) == {r.request_id for r in scheduler.running}
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
 @pytest.mark.parametrize("chunked,static", [(True, False), (False, False), (True, True)])
-def test_random_workload_never_reads_wrong_kv_and_finishes_everything(chunked, static):
+def test_random_workload_never_reads_wrong_kv_and_finishes_everything(chunked, static, overlap):
+    """Overlapped: each step is scheduled before the one before it is back (its decodes carry
+    PLACEHOLDER), as the engine does while a GPU runs that step."""
     rng = random.Random(1234)
     scheduler = make_scheduler(
         num_blocks=24,
@@ -365,6 +371,16 @@ def test_random_workload_never_reads_wrong_kv_and_finishes_everything(chunked, s
     runner = FakeRunner()
     prefixes = [[rng.randrange(5) for _ in range(rng.randrange(10, 60))] for _ in range(3)]
     submitted = 0
+    in_flight: tuple[SchedulerOutput, dict[str, int]] | None = None
+    placeholders = 0
+
+    def finish(output: SchedulerOutput, sampled: dict[str, int]) -> None:
+        for request, _ in scheduler.update_from_output(output, sampled):
+            if request.num_output_tokens >= request.sampling.max_tokens:
+                scheduler.finish_request(request.request_id, RequestStatus.FINISHED_LENGTH)
+            elif rng.random() < 0.01:
+                scheduler.abort_request(request.request_id)
+
     for _ in range(5000):
         if submitted < 60 and rng.random() < 0.3:
             prompt = rng.choice(prefixes) + [rng.randrange(5) for _ in range(rng.randrange(1, 40))]
@@ -374,17 +390,19 @@ def test_random_workload_never_reads_wrong_kv_and_finishes_everything(chunked, s
         output = scheduler.schedule()
         if chunked:
             assert output.num_scheduled_tokens <= 48
-        scheduler.update_from_output(output, runner.run(scheduler, output))
-        for chunk in output.chunks:
-            request = scheduler.get_request(chunk.request_id)
-            if request.num_output_tokens >= request.sampling.max_tokens:
-                scheduler.finish_request(chunk.request_id, RequestStatus.FINISHED_LENGTH)
-            elif rng.random() < 0.01:
-                scheduler.abort_request(chunk.request_id)
+        placeholders += sum(chunk.token_ids == [PLACEHOLDER] for chunk in output.chunks)
+        sampled = runner.run(scheduler, output, in_flight[1] if in_flight else {})
+        if overlap:
+            if in_flight is not None:
+                finish(*in_flight)
+            in_flight = (output, sampled)
+        else:
+            finish(output, sampled)
         check_pool_invariants(scheduler)
         if submitted == 60 and not scheduler.has_unfinished_requests():
             break
     assert submitted == 60
     assert not scheduler.has_unfinished_requests()
+    assert (placeholders > 0) == overlap
     assert scheduler.kv_cache_manager.num_prefix_hit_tokens > 0
     assert scheduler.kv_cache_manager.block_pool.num_free_blocks == 23

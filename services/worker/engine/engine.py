@@ -1,5 +1,13 @@
 """The core loop over token ids: requests in, one scheduled step at a time (schedule, run, update),
-new tokens and finish reasons out. Text, chat templates and stop strings live in llm_engine.py."""
+new tokens and finish reasons out. Text, chat templates and stop strings live in llm_engine.py.
+
+Overlapped (`overlap_scheduling`, on a GPU): each call schedules and launches step n+1 while step n
+still runs on the device, then waits for step n's tokens and returns step n's updates, as vLLM's
+async scheduling and SGLang's overlap scheduler do. Step n+1's decodes read step n's tokens on the
+device. A request that step n finishes (its end token, a stop string, an abort) has one row in step
+n+1 that is computed and dropped. Requests that need their last token here before the next step
+(penalties and min_tokens count it, a grammar advances on it, a handoff parks after it) make the
+engine wait for it first, for that step."""
 
 from __future__ import annotations
 
@@ -16,9 +24,9 @@ from services.worker.engine.kv_cache_manager import KVCacheManager
 from services.worker.engine.kv_handoffs import KVHandoffs
 from services.worker.engine.logprobs import Sampled, TokenLogprobs
 from services.worker.engine.model import LlamaModel
-from services.worker.engine.model_runner import ModelRunner, RunnerConfig
+from services.worker.engine.model_runner import ModelRunner, PendingStep, RunnerConfig
 from services.worker.engine.request import Request, RequestStatus
-from services.worker.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from services.worker.engine.scheduler import PLACEHOLDER, Scheduler, SchedulerConfig, SchedulerOutput
 from services.worker.engine.settings import (
     CPU_MAX_BATCH_TOKENS,
     GPU_MAX_BATCH_TOKENS,
@@ -37,6 +45,8 @@ from services.worker.engine.vtc import VirtualTokenCounters, VTCCosts
 from shared.models.spec import context_length
 
 log = logging.getLogger(__name__)
+
+STEP_FAILED = "the engine failed while running this request"  # a request's error when its part of a step raised
 
 
 def resolve(settings: EngineSettings, max_model_len: int, device: torch.device) -> tuple[SchedulerConfig, RunnerConfig]:
@@ -76,6 +86,15 @@ class RequestUpdate:
     handoff: HandoffReady | None = None  # parked after this step, for another engine (kv_handoffs.py)
 
 
+@dataclass(slots=True)
+class InFlight:
+    """A step launched on the device whose tokens are not back yet."""
+
+    out: SchedulerOutput
+    pending: PendingStep
+    holds_back: bool  # a request in it needs the token it draws before its next step
+
+
 def waiting_order(settings: EngineSettings) -> TenantOrder:
     if settings.fair_share == "fcfs":
         return FCFS()
@@ -108,6 +127,8 @@ class Engine:
         self.handoffs = KVHandoffs(self.scheduler, self.kv_cache_manager, self.runner.kv_caches, self.runner.dtype)
         self.start_listener: StartListener | None = None
         self._started: set[str] = set()  # requests already announced to start_listener
+        self.overlap = settings.overlap_scheduling == "on" or (settings.overlap_scheduling == "auto" and device.type == "cuda")
+        self._in_flight: InFlight | None = None  # overlapped: the step on the device now
         self.num_steps = 0
         self.num_isolated_failures = 0  # steps that raised and were re-run request by request
         self._last_waiting_tokens = 0
@@ -178,10 +199,56 @@ class Engine:
         return self._last_waiting_tokens
 
     def step(self) -> list[RequestUpdate]:
+        if self.overlap:
+            return self._overlapped_step()
         out = self.scheduler.schedule()
         self._announce_starts(out)
         sampled, failed = self._execute(out)
         return self._update(out, sampled, failed)
+
+    def _overlapped_step(self) -> list[RequestUpdate]:
+        """Launch the next step, then return the updates of the one launched before it."""
+        previous, self._in_flight = self._in_flight, None
+        if previous is not None and previous.holds_back:
+            return self._finish(previous)  # the next step is scheduled once these tokens are here
+        out = self.scheduler.schedule()
+        self._announce_starts(out)
+        if not out.is_empty:
+            try:
+                self._in_flight = InFlight(out, self.runner.launch(out), self._holds_back(out))
+                self.num_steps += 1
+            except Exception:  # noqa: BLE001 - re-run in turn below, where _execute finds the culprit
+                log.warning("an overlapped step failed to launch; running it in turn", exc_info=True)
+                updates = self._finish(previous) if previous is not None else []
+                sampled, failed = self._execute(self._with_known_tokens(out))
+                return updates + self._update(out, sampled, failed)
+        return self._finish(previous) if previous is not None else []
+
+    def _finish(self, flight: InFlight) -> list[RequestUpdate]:
+        try:
+            sampled, failed = flight.pending.result(), {}
+        except Exception:  # the device failed the step: every request in it fails
+            log.exception("step failed on the device for %s", [c.request_id for c in flight.out.chunks])
+            sampled, failed = Sampled(), {c.request_id: STEP_FAILED for c in flight.out.chunks}
+        return self._update(flight.out, sampled, failed)
+
+    def _holds_back(self, out: SchedulerOutput) -> bool:
+        grammars, requests = self.grammars, self.scheduler.requests
+        return any(
+            chunk.sample and (chunk.sampling.reads_own_tokens or chunk.request_id in grammars or requests[chunk.request_id].handoff)
+            for chunk in out.chunks
+        )  # fmt: skip
+
+    def _with_known_tokens(self, out: SchedulerOutput) -> SchedulerOutput:
+        """The step with each PLACEHOLDER replaced by its token, now back (0 for a request gone since)."""
+        def known(chunk):
+            if chunk.token_ids != [PLACEHOLDER]:
+                return chunk
+            request = self.scheduler.get_request(chunk.request_id)
+            tokens = request.all_token_ids if request is not None else ()
+            return chunk._replace(token_ids=[tokens[chunk.start_position] if len(tokens) > chunk.start_position else 0])
+
+        return dataclasses.replace(out, chunks=[known(chunk) for chunk in out.chunks])
 
     def _announce_starts(self, out: SchedulerOutput) -> None:
         # Before the model runs: a request that takes the process down with it is then on
@@ -200,7 +267,7 @@ class Engine:
         except Exception:  # any failure: one bad request must not fail the whole batch
             if len(out.chunks) <= 1:
                 log.exception("step failed for %s", [c.request_id for c in out.chunks])
-                return Sampled(), {c.request_id: "the engine failed while running this request" for c in out.chunks}
+                return Sampled(), {c.request_id: STEP_FAILED for c in out.chunks}
             log.exception("batched step of %d requests failed; re-running them one at a time", len(out.chunks))
             self.num_isolated_failures += 1
             return self._isolate(out)
@@ -216,7 +283,7 @@ class Engine:
                 sampled.update(self.runner.run(single))
             except Exception:  # this request is the culprit: it fails alone
                 log.exception("request %s fails alone", chunk.request_id)
-                failed[chunk.request_id] = "the engine failed while running this request"
+                failed[chunk.request_id] = STEP_FAILED
         return sampled, failed
 
     def _update(self, out: SchedulerOutput, sampled: Sampled, failed: dict[str, str]) -> list[RequestUpdate]:

@@ -24,6 +24,9 @@ class GrammarMatchers:
     def __len__(self) -> int:
         return len(self._matchers)
 
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._matchers
+
     def add(self, request_id: str, matcher: llguidance.LLMatcher) -> None:
         self._matchers[request_id] = matcher
 

@@ -124,13 +124,14 @@ class KVCacheManager:
         return new_block_ids
 
     def cache_blocks(self, request: Request) -> None:
-        """Register the request's full blocks whose KV is computed (up to num_computed_tokens)."""
+        """Register the request's full blocks whose KV is computed and whose tokens are all known
+        (a step in flight may have computed a pending token's KV: its block waits for the token)."""
         if not self.block_pool.enable_caching:
             return
         blocks = self.req_to_blocks.get(request.request_id)
         if blocks is None:
             return
-        num_full = min(request.num_computed_tokens // self.block_size, len(blocks))
+        num_full = min(min(request.num_computed_tokens, len(request.all_token_ids)) // self.block_size, len(blocks))
         start = self.num_cached_blocks[request.request_id]
         if num_full <= start:
             return

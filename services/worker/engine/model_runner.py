@@ -1,9 +1,14 @@
 """Runs one scheduled step: a SchedulerOutput becomes flat tensors, the model runs over the paged
 KV cache (decode steps through CUDA graphs on a GPU), and each chunk that ends a request's known
-tokens gets its next token sampled."""
+tokens gets its next token sampled.
+
+`launch` queues the step and returns at once on a GPU; its tokens are read later (`PendingStep`),
+so the engine can schedule the next step meanwhile. A decode whose input token that step draws
+(PLACEHOLDER) takes it from the device tensor the step before drew, with no trip through the host."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,15 +26,15 @@ from services.worker.engine.grammar_mask import apply_token_bitmask
 from services.worker.engine.grammar_matchers import GrammarMatchers
 from services.worker.engine.kv_cache_manager import cdiv
 from services.worker.engine.logits_processors import process_logits
-from services.worker.engine.logprobs import Sampled, token_logprobs
+from services.worker.engine.logprobs import Sampled, TokenLogprobs, token_logprobs
 from services.worker.engine.model import (
     LlamaModel,
     allocate_kv_cache,
     kv_bytes_per_block,
 )
-from services.worker.engine.sampler import Sampler, make_generator
+from services.worker.engine.sampler import Sampler, make_generator, on_device
 from services.worker.engine.sampling_params import SamplingParams
-from services.worker.engine.scheduler import SchedulerOutput
+from services.worker.engine.scheduler import PLACEHOLDER, SchedulerOutput
 from services.worker.engine.settings import CpuCompile
 
 log = logging.getLogger(__name__)
@@ -68,6 +73,8 @@ class StepInputs:
     sample_positions: list[int]  # (S,) position the sampled token will take (seeds its draw)
     histories: list[Sequence[int]]  # (S,) each sampled request's tokens so far, for its penalties
     prompt_lens: list[int]  # (S,)
+    placeholder_rows: np.ndarray  # (P,) rows of the T tokens whose input is PLACEHOLDER
+    placeholder_ids: list[str]  # (P,) the request of each
 
     @property
     def num_seqs(self) -> int:
@@ -109,6 +116,8 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, pad_to: int = 0) -> St
         context_lens=torch.from_numpy(context_lens.astype(np.int32)),
         max_query_len=int(lens.max()),
     )
+    # A pending token is the only input of its decode, so its row is its sequence's first.
+    placeholder_seqs = np.flatnonzero(input_ids[cu_seqlens[:num_real]] == PLACEHOLDER)
     every_row = all(sample)  # a decode step samples every row
     sampled = np.arange(num_real) if every_row else np.flatnonzero(np.fromiter(sample, dtype=bool, count=num_real))
 
@@ -125,6 +134,8 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, pad_to: int = 0) -> St
         sample_positions=context_lens[sampled].tolist(),
         histories=pick(histories),
         prompt_lens=pick(prompt_lens),
+        placeholder_rows=cu_seqlens[placeholder_seqs],
+        placeholder_ids=[ids[i] for i in placeholder_seqs],
     )
 
 
@@ -140,6 +151,36 @@ def mix_seed(seed: int, position: int) -> int:
     return (z ^ (z >> 31)) >> 1
 
 
+@dataclass
+class PendingStep:
+    """A launched step's draws. On a GPU the host copy of the tokens is queued behind the step's
+    kernels and `ready` is recorded after it: `result` waits for the device only then."""
+
+    sample_ids: list[str]
+    tokens: torch.Tensor  # (S,) int64 on the host; filled when `ready` has passed
+    logprobs: dict[str, TokenLogprobs]
+    ready: torch.cuda.Event | None = None  # None: the tokens are there already (a CPU)
+
+    def result(self) -> Sampled:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return Sampled(dict(zip(self.sample_ids, self.tokens.tolist(), strict=True)), self.logprobs)
+
+
+NOTHING_DRAWN = PendingStep([], torch.zeros(0, dtype=torch.int64), {})
+
+
+def to_host(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """A host copy of `tokens` queued on the device's stream, and the event that marks it done."""
+    if tokens.device.type != "cuda":
+        return tokens, None
+    host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+    host.copy_(tokens, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
+
+
 class ModelRunner:
     def __init__(self, model: LlamaModel, config: RunnerConfig) -> None:
         self.model = model
@@ -149,6 +190,9 @@ class ModelRunner:
         self.block_size = config.block_size
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}  # seeded requests only
+        # The last launched step's draws on the device, for the next step's PLACEHOLDER inputs.
+        self._drawn: torch.Tensor = torch.zeros(0, dtype=torch.int64, device=self.device)  # (S,)
+        self._drawn_ids: list[str] = []  # (S,) the request of each
         self.grammars: GrammarMatchers | None = None  # the engine's constrained requests (structured output)
         self.num_blocks = config.num_kv_blocks or self._size_kv_pool()
         self.kv_caches = allocate_kv_cache(model.config, self.num_blocks, self.block_size, self.device, self.dtype)
@@ -164,22 +208,38 @@ class ModelRunner:
             self.decode_graphs.start(background=config.cpu_compile == "background")
         log.info("KV cache: %d blocks of %d tokens on %s", self.num_blocks, self.block_size, self.device)
 
-    @torch.no_grad()
     def run(self, out: SchedulerOutput) -> Sampled:
         """The sampled token of every chunk with sample=True, by request id (and logprobs where asked)."""
+        return self.launch(out).result()
+
+    @torch.no_grad()
+    def launch(self, out: SchedulerOutput) -> PendingStep:
+        """Queue the step on the device; its draws are read through the PendingStep."""
         self.drop_requests(out.finished_ids + out.preempted_ids)
         if out.is_empty:
-            return Sampled()
+            return NOTHING_DRAWN
         inputs = self._to_device(prepare_inputs(out, self.block_size, self._graph_size(out)))
+        if len(inputs.placeholder_rows):
+            self._fill_placeholders(inputs)
         logits = self._logits(inputs)  # (S, V)
         if logits is None:
-            return Sampled()
+            return NOTHING_DRAWN
         logits = process_logits(logits, inputs.sampling, inputs.histories, inputs.prompt_lens, self.config.eos_token_ids)
         if self.grammars is not None and (masked := self.grammars.bitmask(inputs.sample_ids, self.device)) is not None:
             apply_token_bitmask(logits, *masked)  # constrained rows keep only what their grammar allows
         tokens = self.sampler(logits, inputs.sampling, self._generators_for(inputs))  # (S,)
         logprobs = token_logprobs(logits, inputs.sampling, tokens, inputs.sample_ids)
-        return Sampled(dict(zip(inputs.sample_ids, tokens.tolist(), strict=True)), logprobs)
+        self._drawn, self._drawn_ids = tokens, inputs.sample_ids
+        host_tokens, ready = to_host(tokens)
+        return PendingStep(inputs.sample_ids, host_tokens, logprobs, ready)
+
+    def _fill_placeholders(self, inputs: StepInputs) -> None:
+        """Each PLACEHOLDER input becomes the token the last launched step drew for its request."""
+        row_of = {request_id: row for row, request_id in enumerate(self._drawn_ids)}
+        rows = [row_of[request_id] for request_id in inputs.placeholder_ids]  # KeyError: not drawn there
+        source = on_device(rows, torch.int64, self.device)
+        target = on_device(inputs.placeholder_rows.tolist(), torch.int64, self.device)
+        inputs.input_ids.index_copy_(0, target, self._drawn.index_select(0, source))
 
     def drop_requests(self, request_ids: list[str]) -> None:
         """Forget per-request state (seeded generators) of finished or preempted requests."""
@@ -201,7 +261,7 @@ class ModelRunner:
         hidden = self._forward(inputs)  # (T or padded B, C)
         if not inputs.sample_ids:
             return None
-        return self.model.compute_logits(hidden[inputs.sample_rows.to(self.device)])
+        return self.model.compute_logits(hidden[inputs.sample_rows])
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:  # (T, C)
         meta = inputs.meta
@@ -216,6 +276,7 @@ class ModelRunner:
         if self.device.type == "cpu":
             return inputs
         # Pinned host memory lets the copies overlap; they are queued before the model's kernels.
+        # A blocking copy would first wait for the steps queued before (engine.py's overlap).
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.pin_memory().to(self.device, non_blocking=True)
 
@@ -224,10 +285,10 @@ class ModelRunner:
             move(meta.slot_mapping), move(meta.block_tables), move(meta.cu_seqlens_q),
             move(meta.context_lens), meta.max_query_len,
         )
-        return StepInputs(
-            move(inputs.input_ids), move(inputs.positions), meta, inputs.sample_rows,
-            inputs.sample_ids, inputs.sampling, inputs.sample_positions, inputs.histories, inputs.prompt_lens,
-        )
+        return dataclasses.replace(
+            inputs, input_ids=move(inputs.input_ids), positions=move(inputs.positions), meta=meta,
+            sample_rows=move(inputs.sample_rows),
+        )  # fmt: skip
 
     def _generators_for(self, inputs: StepInputs) -> list[torch.Generator | None] | None:
         if all(p.seed is None or p.greedy for p in inputs.sampling):

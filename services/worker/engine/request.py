@@ -67,7 +67,10 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_prompt_tokens = len(prompt_token_ids)
         self.all_token_ids: list[int] = list(prompt_token_ids)
-        self.num_computed_tokens = 0
+        self.num_computed_tokens = 0  # advanced when a step is scheduled, not when it ends
+        # Tokens drawn by scheduled steps that are not back yet (appended by update_from_output):
+        # at most one, while the step that draws it runs on the device and the next is scheduled.
+        self.num_pending_tokens = 0
         # Prompt tokens served from the prefix cache at first admission (usage reporting).
         self.num_cached_tokens = 0
         self.num_preemptions = 0

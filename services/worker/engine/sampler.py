@@ -8,6 +8,13 @@ import torch
 from services.worker.engine.sampling_params import SamplingParams
 
 
+def on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A row's worth of host values on the device, without waiting for it: a blocking copy would
+    first wait for every step queued before it, the one engine.py overlaps with included."""
+    host = torch.tensor(values, dtype=dtype)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+
+
 def make_generator(seed: int, device: str | torch.device) -> torch.Generator:
     """The random stream of one seeded request; the request keeps it for its whole life so that
     each step draws the next numbers, whatever else shares the batch."""
@@ -32,9 +39,9 @@ class Sampler:
         if all(p.temperature == 0.0 for p in params):
             return greedy_tokens
         device = logits.device
-        is_greedy = torch.tensor([p.temperature == 0.0 for p in params], device=device)
+        is_greedy = on_device([p.temperature == 0.0 for p in params], torch.bool, device)
         # Greedy rows get temperature 1 here only to avoid dividing by 0; their draw is discarded.
-        temperature = torch.tensor([p.temperature or 1.0 for p in params], device=device)
+        temperature = on_device([p.temperature or 1.0 for p in params], torch.float32, device)
         probs = torch.softmax(logits / temperature[:, None], dim=-1)  # (N, V)
 
         use_top_k = any(p.top_k > 0 for p in params)
@@ -44,10 +51,10 @@ class Sampler:
             keep = torch.ones_like(probs, dtype=torch.bool)
             if use_top_k:
                 vocab = logits.shape[1]
-                k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+                k = on_device([p.top_k if p.top_k > 0 else vocab for p in params], torch.int64, device)
                 keep &= torch.arange(vocab, device=device)[None, :] < k[:, None]
             if use_top_p:
-                top_p = torch.tensor([p.top_p for p in params], device=device)
+                top_p = on_device([p.top_p for p in params], torch.float32, device)
                 # Keep a token while the mass strictly before it is under top_p: the first always stays.
                 mass_before = probs.cumsum(dim=-1) - probs
                 keep &= mass_before < top_p[:, None]

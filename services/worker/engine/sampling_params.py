@@ -67,3 +67,9 @@ class SamplingParams:
     @cached_property
     def processes_logits(self) -> bool:
         return self.penalised or bool(self.logit_bias) or self.min_tokens > 0
+
+    @cached_property
+    def reads_own_tokens(self) -> bool:
+        """Whether its next step needs the token drawn last on the host (penalties, min_tokens count
+        it): such a request is not scheduled again before that token is back (engine.py's overlap)."""
+        return self.penalised or self.min_tokens > 0

@@ -1,7 +1,10 @@
 """Continuous batching: each step spends a token budget on running decodes, then prompt chunks.
 
 The engine loop is `out = schedule(); sampled = runner.run(out); update_from_output(out,
-sampled)`, after which the engine checks stop conditions and calls `finish_request`.
+sampled)`, after which the engine checks stop conditions and calls `finish_request`. A step
+counts as computed once scheduled, and the token it draws as pending until it is back, so the
+next step can be scheduled while this one still runs on the device (engine.py's overlap): a
+decode whose input is that pending token carries PLACEHOLDER, which the runner fills on the device.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from services.worker.engine.types import Failure, FailureCode, RequestRejected
 from shared.models.spec import DEFAULT_MAX_MODEL_LEN
 
 DEFAULT_SAMPLING = SamplingParams()
+PLACEHOLDER = -1  # a decode's input token that the step before draws: still on the device
 
 
 _SETTINGS = EngineSettings()
@@ -52,7 +56,7 @@ class ScheduledChunk(NamedTuple):
     by column in one call (zip(*chunks)), not one attribute read per request per field."""
 
     request_id: str
-    token_ids: list[int]  # the tokens whose KV this step computes
+    token_ids: list[int]  # the tokens whose KV this step computes ([PLACEHOLDER]: drawn by the step before)
     start_position: int  # position of token_ids[0]; KV of earlier positions is cached
     block_row: int  # the request's row of SchedulerOutput.block_tables
     sample: bool  # the chunk reaches the end of the known tokens: sample the next one
@@ -217,9 +221,9 @@ class Scheduler:
         # preempt again next step.
         if not plan.preempted_ids:
             self._schedule_waiting(plan)
+        self.waiting.on_scheduled(plan.num_tokens)
         make_chunk = self._make_chunk
         chunks = [make_chunk(request, num_tokens) for request, num_tokens in plan.num_tokens.items()]
-        self.waiting.on_scheduled(plan.num_tokens)
         num_tokens = sum(plan.num_tokens.values())
         output = SchedulerOutput(
             chunks, plan.preempted_ids, self._finished_ids, num_tokens, self.kv_cache_manager.block_tables.array
@@ -228,8 +232,8 @@ class Scheduler:
         return output
 
     def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[tuple[Request, int]]:
-        """Record a finished step: advance computed tokens, cache full blocks, append samples.
-        Each request that got a token, with it, in the step's order."""
+        """Record a finished step: append its samples, cache the blocks it filled. Each request
+        that got a token, with it, in the step's order."""
         block_size, running = self.kv_cache_manager.block_size, RequestStatus.RUNNING
         get_request, cache_blocks = self.requests.get, self.kv_cache_manager.cache_blocks
         advanced: list[tuple[Request, int]] = []
@@ -237,16 +241,16 @@ class Scheduler:
             request = get_request(chunk.request_id)
             if request is None or request.status is not running:
                 continue  # aborted while the step ran
-            start = chunk.start_position
-            request.num_computed_tokens = end = start + len(chunk.token_ids)
-            if end // block_size > start // block_size:  # a block filled up: it may enter the prefix cache
-                cache_blocks(request)
             if chunk.sample:
                 token = sampled.get(chunk.request_id)
                 if token is None:
                     raise KeyError(f"no sampled token for request {chunk.request_id}")
+                request.num_pending_tokens -= 1
                 request.append_output_token(token)
                 advanced.append((request, token))
+            start = chunk.start_position
+            if (start + len(chunk.token_ids)) // block_size > start // block_size:  # a block filled up
+                cache_blocks(request)  # it may enter the prefix cache
         return advanced
 
     def _schedule_running(self, plan: _StepPlan) -> None:
@@ -256,7 +260,12 @@ class Scheduler:
         decodes: list[Request] = []
         prefills: list[Request] = []
         for request in self.running:
-            (decodes if len(request.all_token_ids) - request.num_computed_tokens == 1 else prefills).append(request)
+            num_tokens = len(request.all_token_ids) + request.num_pending_tokens
+            if num_tokens - request.num_computed_tokens > 1:
+                prefills.append(request)
+            elif not request.num_pending_tokens or num_tokens < request.max_num_tokens:
+                decodes.append(request)
+            # else its pending token is its last: the engine finishes it once that token is back
         allocate, running = self.kv_cache_manager.allocate_slots, RequestStatus.RUNNING
         for request, fits in zip(decodes, self.kv_cache_manager.fit_one_more(decodes), strict=True):
             if plan.budget <= 0:
@@ -292,6 +301,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_pending_tokens = 0  # a step in flight that draws it is ignored: update skips it
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.push_front(request)
@@ -358,10 +368,15 @@ class Scheduler:
             self._static_batch.add(request.request_id)
 
     def _make_chunk(self, request: Request, num_tokens: int) -> ScheduledChunk:
+        """The request's part of this step, which from now on counts as computed."""
         start = request.num_computed_tokens
-        end = start + num_tokens
+        request.num_computed_tokens = end = start + num_tokens
         tokens = request.all_token_ids
+        known = len(tokens)
+        token_ids = tokens[start:end] if end <= known else [PLACEHOLDER]  # a decode of the pending token
+        sample = end == known + request.num_pending_tokens
+        request.num_pending_tokens += sample
         return ScheduledChunk(
-            request.request_id, tokens[start:end], start, self.kv_cache_manager.block_row(request),
-            end == len(tokens), request.sampling, tokens, request.num_prompt_tokens,
+            request.request_id, token_ids, start, self.kv_cache_manager.block_row(request),
+            sample, request.sampling, tokens, request.num_prompt_tokens,
         )  # fmt: skip

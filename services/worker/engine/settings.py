@@ -51,6 +51,8 @@ class EngineSettings(CacheSharing):
     """weights and KV cache; auto: bfloat16 on a GPU, float32 on a CPU"""
     quantization: Literal["none", "int8", "int4", "w8a8"] = "none"
     """CPU: weight-only quantization, for fewer bytes read per token: int8 (a quarter of float32's), or int4 projections in llama.cpp's Q4_1 layout with an int8 output layer (about a seventh); or w8a8, int8 weights and activations multiplied in integers, for many streams and long prompts, which are bound by arithmetic"""
+    overlap_scheduling: Literal["auto", "on", "off"] = "auto"
+    """schedule each step while the step before still runs on the device, so the host's work per step (scheduling, inputs, the tokens' update) hides behind the device's; auto: on a GPU (a CPU computes as it is asked: nothing to hide behind)"""
     cpu_compile: CpuCompile = "off"
     """CPU: decode steps through a graph torch.compile builds with the weights frozen in (fused small operations, inductor's own GEMM kernels): about 2.7x one stream's decode speed, for minutes of compiling at every start. on: before the engine serves; background: steps run eagerly until it is done, slowly on a few cores"""
     cpu_threads: int = Field(default=0, ge=0)

@@ -113,7 +113,8 @@ class VirtualTokenCounters(TenantOrder):
         # Hundreds of requests a step, a handful of tenants: one charge per (tenant, weight).
         sampling = Counter(
             (request.tenant, request.weight) for request, num_tokens in step.items()
-            if request.num_computed_tokens + num_tokens == len(request.all_token_ids)  # the step samples a token
+            # the step draws a token: it reaches the end of the tokens known or pending
+            if request.num_computed_tokens + num_tokens == len(request.all_token_ids) + request.num_pending_tokens
         )  # fmt: skip
         for (tenant, weight), num_sampled in sampling.items():
             self._charge(tenant, weight, num_sampled * self.costs.w_out)
