@@ -11,7 +11,7 @@ NODE_STAMP := node_modules/.installed-stamp
 K8S_NODE_STAMP := tests/k8s/node_modules/.installed-stamp
 PYTHON ?= python3
 
-.PHONY: install compose-cli system-deps run test test-unit infra-up infra-down loadtest bench-pipeline peers bench-peers clean
+.PHONY: install compose-cli system-deps run test test-unit infra-up infra-down loadtest bench-pipeline peers bench-peers device-wheels clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,15 @@ $(PEERS_STAMP):
 	touch $(PEERS_STAMP)
 
 peers: $(PEERS_STAMP)
+
+# What a lent GPU machine's image lacks for the engine and its benchmark (loadtest/device_check.sh),
+# as wheels for its Python 3.12, in the versions installed here.
+DEVICE_WHEELS := pydantic|pydantic[-_]core|annotated[-_]types|typing[-_]inspection|llguidance|gguf
+device-wheels: install
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 \
+		-d .whl $$($(BIN)/pip freeze | grep -i -E '^($(DEVICE_WHEELS))==')
 
 bench-peers: install peers
 	$(BIN)/python loadtest/bench_peers.py --llama-python $(PEERS_VENV)/bin/python --json loadtest/results/peers_cpu.json

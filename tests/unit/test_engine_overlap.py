@@ -6,10 +6,13 @@ what a GPU would overlap."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import os
 import random
 
 import pytest
+import torch
 
 from services.worker.engine.engine import Engine, RequestUpdate
 from services.worker.engine.model import LlamaModel
@@ -94,9 +97,21 @@ def by_request(updates: list[RequestUpdate]) -> dict[str, list[tuple]]:
     return seen
 
 
+ON_A_GPU = pytest.param(
+    "cuda",
+    marks=pytest.mark.skipif(
+        not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+        reason="needs a GPU, and the compiled kernels: run with TRITON_INTERPRET=0",
+    ),
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_A_GPU])
 @pytest.mark.parametrize("kv_blocks", [128, 14], ids=["roomy", "preempting"])
-def test_overlapped_steps_give_the_same_updates_as_steps_in_turn(tiny: LlamaModel, kv_blocks: int) -> None:
-    # An end token that greedy decoding meets: the first output token of r6 in turn.
+def test_overlapped_steps_give_the_same_updates_as_steps_in_turn(tiny: LlamaModel, kv_blocks: int, device: str) -> None:
+    """On a GPU, with CUDA graphs, pinned copies and the events the host waits on."""
+    tiny = copy.deepcopy(tiny).to(device)
+    # An end token that greedy decoding meets: the second output token of r6 in turn.
     probe = Request("probe", mixed_requests(0)[6].all_token_ids, GREEDY)
     run(tiny, EngineSettings(num_kv_blocks=128), [probe])
     end_token = probe.output_token_ids[1]
