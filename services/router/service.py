@@ -37,7 +37,7 @@ from shared.health import Health, Lifecycle
 from shared.hop_timing import Hop
 from shared.infra.permissions import usage_meter_group
 from shared.kafka_clients import DeadLetters, make_consumer, make_producer
-from shared.kafka_shutdown import stop_client
+from shared.kafka_shutdown import commit_last, stop_client
 from shared.link_auth import LinkKeys
 from shared.membership import Membership
 from shared.membership.member import GONE
@@ -131,8 +131,7 @@ class RouterService:
             committer.cancel()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(metering, USAGE_STOP_S)
-            with contextlib.suppress(Exception):
-                await consumer.commit(self._forwarded)
+            await commit_last(consumer, self._forwarded)
             lag.cancel()
             await stop_client(consumer)
             await self._producer.stop()

@@ -1,5 +1,6 @@
 """Stopping a Kafka client whose broker is gone: aiokafka's stop() failing from inside, or never
-returning, still ends with the connections closed; the caller's own cancellation goes on up.
+returning, still ends with the connections closed; the caller's own cancellation goes on up; a
+last commit never holds a stop.
 (Against a real broker that goes away: tests/fault/test_broker_loss.py.)"""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaTimeoutError
 
-from shared.kafka_shutdown import stop_client
+from shared.kafka_shutdown import commit_last, stop_client
 
 
 class Connections:
@@ -111,3 +112,22 @@ async def test_records_queued_retried_and_in_flight_all_fail_and_aiokafka_logs_n
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
     # An exception set on a future that nobody retrieves is logged as an error when it is collected.
     assert not [batch for batch in batches if batch._drain_waiter._log_traceback]
+
+
+class NeverCommits(AIOKafkaConsumer):
+    """As aiokafka's commit does with the broker gone: it waits for a group coordinator, whatever it
+    is given to commit, an empty mapping included."""
+
+    commits = 0
+
+    async def commit(self, offsets=None) -> None:
+        self.commits += 1
+        await asyncio.sleep(3600)
+
+
+async def test_the_last_commit_is_skipped_when_empty_and_bounded_otherwise(caplog):
+    client, _ = consumer(NeverCommits)
+    await asyncio.wait_for(commit_last(client, {}), 1)
+    assert client.commits == 0
+    await asyncio.wait_for(commit_last(client, {TopicPartition("t", 0): 5}, within_s=0.05), 5)
+    assert client.commits == 1 and "the last commit found no broker" in caplog.text
