@@ -131,7 +131,8 @@ class KVCacheManager:
         blocks = self.req_to_blocks.get(request.request_id)
         if blocks is None:
             return
-        num_full = min(min(request.num_computed_tokens, len(request.all_token_ids)) // self.block_size, len(blocks))
+        num_known = min(request.num_computed_tokens, len(request.all_token_ids))
+        num_full = min(num_known // self.block_size, len(blocks))
         start = self.num_cached_blocks[request.request_id]
         if num_full <= start:
             return

@@ -59,7 +59,7 @@ class ScheduledChunk(NamedTuple):
     token_ids: list[int]  # the tokens whose KV this step computes ([PLACEHOLDER]: drawn by the step before)
     start_position: int  # position of token_ids[0]; KV of earlier positions is cached
     block_row: int  # the request's row of SchedulerOutput.block_tables
-    sample: bool  # the chunk reaches the end of the known tokens: sample the next one
+    sample: bool  # the chunk reaches the end of the tokens known or pending: sample the next one
     sampling: SamplingParams = DEFAULT_SAMPLING
     history: Sequence[int] = ()  # the request's tokens so far (prompt, then output), for penalties
     num_prompt_tokens: int = 0
@@ -240,7 +240,7 @@ class Scheduler:
         for chunk in output.chunks:
             request = get_request(chunk.request_id)
             if request is None or request.status is not running:
-                continue  # aborted while the step ran
+                continue  # finished, aborted or preempted while the step ran
             if chunk.sample:
                 token = sampled.get(chunk.request_id)
                 if token is None:
