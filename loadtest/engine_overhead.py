@@ -194,15 +194,22 @@ def full_collection_ms() -> float:
     return 1e3 * (time.perf_counter() - start)
 
 
-def measure_batch(engine: Engine, stub: StubModel, batch: int, clock: Callable[[], float], on_cpu: bool) -> dict:
-    gc.freeze()  # as a worker does once its engine is built (services/worker/main.py)
+def start_decoding(engine: Engine, batch: int) -> list[Request]:
+    """`batch` greedy requests that do not end while measured, past their prompts: every later step
+    is `batch` decodes."""
     rng = np.random.default_rng(batch)
     sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     requests = [Request(f"o{i}", random_tokens(rng, int(rng.integers(*PROMPT_LENS))), sampling) for i in range(batch)]
     for request in requests:
         engine.add_request(request)
     while any(r.num_output_tokens == 0 for r in requests):
-        engine.step()  # prompts computed: every later step is `batch` decodes
+        engine.step()
+    return requests
+
+
+def measure_batch(engine: Engine, stub: StubModel, batch: int, clock: Callable[[], float], on_cpu: bool) -> dict:
+    gc.freeze()  # as a worker does once its engine is built (services/worker/main.py)
+    requests = start_decoding(engine, batch)
     timed_steps(engine, WARMUP_STEPS, StepTimers(clock), batch)
 
     wall, cpu = [], []

@@ -20,15 +20,13 @@ from unittest import mock
 
 import numpy as np
 import torch
-from engine_overhead import BATCHES, MAX_TOKENS, PROMPT_LENS, STUB_SHAPE, StubModel, stub_config
-from engine_scenarios import Sizes, random_tokens, with_engine
+from engine_overhead import BATCHES, MAX_TOKENS, PROMPT_LENS, STUB_SHAPE, StubModel, start_decoding, stub_config
+from engine_scenarios import Sizes, with_engine
 
 from services.worker.engine import model_runner
 from services.worker.engine.engine import Engine
 from services.worker.engine.kv_cache_manager import cdiv
 from services.worker.engine.model import LlamaModel
-from services.worker.engine.request import Request
-from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.settings import EngineSettings
 
 DEVICE_MS = 3.75
@@ -82,13 +80,7 @@ class DeviceStub(StubModel):
 
 def step_periods(engine: Engine, batch: int) -> list[float]:
     """Wall time between successive steps' returns, with `batch` requests decoding."""
-    rng = np.random.default_rng(batch)
-    sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    requests = [Request(f"o{i}", random_tokens(rng, int(rng.integers(*PROMPT_LENS))), sampling) for i in range(batch)]
-    for request in requests:
-        engine.add_request(request)
-    while any(r.num_output_tokens == 0 for r in requests):
-        engine.step()
+    requests = start_decoding(engine, batch)
     for _ in range(WARMUP_STEPS):
         engine.step()
     periods, last = [], time.perf_counter()
