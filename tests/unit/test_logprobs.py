@@ -23,7 +23,8 @@ def test_each_row_gets_its_own_temperature_and_count_and_others_get_none():
     params = [SamplingParams(temperature=0.5, logprobs=3), SamplingParams(), SamplingParams(temperature=0.0, logprobs=0),
               SamplingParams(temperature=1.0, logprobs=8)]  # fmt: skip
     tokens = torch.tensor([7, 1, 2, 4])
-    got = token_logprobs(logits, params, tokens, ["a", "b", "c", "d"])
+    got = token_logprobs(logits, params, tokens, ["a", "b", "c", "d"]).read()
+    assert token_logprobs(logits, [SamplingParams()] * 4, tokens, ["a", "b", "c", "d"]) is None  # none asked
     assert set(got) == {"a", "c", "d"}
     expected = torch.log_softmax(logits[0] / 0.5, dim=-1)
     assert got["a"].token_id == 7 and got["a"].logprob == pytest.approx(float(expected[7]), abs=1e-5)

@@ -127,7 +127,8 @@ class Engine:
         self.handoffs = KVHandoffs(self.scheduler, self.kv_cache_manager, self.runner.kv_caches, self.runner.dtype)
         self.start_listener: StartListener | None = None
         self._started: set[str] = set()  # requests already announced to start_listener
-        self.overlap = settings.overlap_scheduling == "on" or (settings.overlap_scheduling == "auto" and device.type == "cuda")
+        overlap = settings.overlap_scheduling
+        self.overlap = overlap == "on" or (overlap == "auto" and device.type == "cuda")
         self._in_flight: InFlight | None = None  # overlapped: the step on the device now
         self.num_steps = 0
         self.num_isolated_failures = 0  # steps that raised and were re-run request by request
@@ -235,9 +236,10 @@ class Engine:
     def _holds_back(self, out: SchedulerOutput) -> bool:
         grammars, requests = self.grammars, self.scheduler.requests
         return any(
-            chunk.sample and (chunk.sampling.reads_own_tokens or chunk.request_id in grammars or requests[chunk.request_id].handoff)
+            chunk.sample
+            and (chunk.sampling.reads_own_tokens or chunk.request_id in grammars or requests[chunk.request_id].handoff)
             for chunk in out.chunks
-        )  # fmt: skip
+        )
 
     def _with_known_tokens(self, out: SchedulerOutput) -> SchedulerOutput:
         """The step with each PLACEHOLDER replaced by its token, now back (0 for a request gone since)."""

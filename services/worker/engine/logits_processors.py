@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
+from services.worker.engine.sampler import on_device
 from services.worker.engine.sampling_params import SamplingParams
 
 
@@ -35,8 +36,10 @@ def _add_bias(logits: torch.Tensor, rows: list[tuple[int, SamplingParams]]) -> N
     vocab = logits.shape[1]
     entries = [(row, token, bias) for row, p in rows for token, bias in p.logit_bias if token < vocab]
     if entries:
-        row, token, bias = (torch.tensor(column, device=logits.device) for column in zip(*entries))
-        logits.index_put_((row, token), bias.to(logits.dtype), accumulate=True)
+        rows, tokens, biases = (list(column) for column in zip(*entries))
+        device = logits.device
+        row, token = on_device(rows, torch.int64, device), on_device(tokens, torch.int64, device)
+        logits.index_put_((row, token), on_device(biases, logits.dtype, device), accumulate=True)
 
 
 def _mask_ends(logits: torch.Tensor, rows: list[tuple[int, SamplingParams]], eos_token_ids: frozenset[int]) -> None:
@@ -48,8 +51,9 @@ def _mask_ends(logits: torch.Tensor, rows: list[tuple[int, SamplingParams]], eos
         if token < vocab
     ]
     if entries:
-        row, token = (torch.tensor(column, device=logits.device) for column in zip(*entries))
-        logits[row, token] = float("-inf")
+        rows, tokens = (list(column) for column in zip(*entries))
+        device = logits.device
+        logits[on_device(rows, torch.int64, device), on_device(tokens, torch.int64, device)] = float("-inf")
 
 
 def _penalise(

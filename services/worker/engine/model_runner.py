@@ -26,7 +26,7 @@ from services.worker.engine.grammar_mask import apply_token_bitmask
 from services.worker.engine.grammar_matchers import GrammarMatchers
 from services.worker.engine.kv_cache_manager import cdiv
 from services.worker.engine.logits_processors import process_logits
-from services.worker.engine.logprobs import Sampled, TokenLogprobs, token_logprobs
+from services.worker.engine.logprobs import PendingLogprobs, Sampled, token_logprobs
 from services.worker.engine.model import (
     LlamaModel,
     allocate_kv_cache,
@@ -158,16 +158,17 @@ class PendingStep:
 
     sample_ids: list[str]
     tokens: torch.Tensor  # (S,) int64 on the host; filled when `ready` has passed
-    logprobs: dict[str, TokenLogprobs]
+    logprobs: PendingLogprobs | None  # None: no row asked
     ready: torch.cuda.Event | None = None  # None: the tokens are there already (a CPU)
 
     def result(self) -> Sampled:
         if self.ready is not None:
             self.ready.synchronize()
-        return Sampled(dict(zip(self.sample_ids, self.tokens.tolist(), strict=True)), self.logprobs)
+        logprobs = self.logprobs.read() if self.logprobs is not None else {}
+        return Sampled(dict(zip(self.sample_ids, self.tokens.tolist(), strict=True)), logprobs)
 
 
-NOTHING_DRAWN = PendingStep([], torch.zeros(0, dtype=torch.int64), {})
+NOTHING_DRAWN = PendingStep([], torch.zeros(0, dtype=torch.int64), None)
 
 
 def to_host(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
