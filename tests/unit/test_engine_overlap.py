@@ -73,14 +73,16 @@ def run(model: LlamaModel, settings: EngineSettings, requests: list[Request], eo
     raise AssertionError("the engine did not finish")
 
 
-def mixed_requests(end_token: int) -> list[Request]:
+def mixed_requests(end_token: int, penalised: bool = False) -> list[Request]:
+    """With `penalised`, r3's penalties make every step it is in wait for the one before."""
     lengths = [5, 17, 33, 48, 9, 70, 21, 40]
     p = prompts(11, lengths)
+    penalties = {"repetition_penalty": 2.0, "frequency_penalty": 2.0} if penalised else {}
     sampling = [
         GREEDY,
         SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=7),  # seeded: repeats exactly
         SamplingParams(max_tokens=9, temperature=0.0, logprobs=3),
-        SamplingParams(max_tokens=8, temperature=0.0, repetition_penalty=2.0, frequency_penalty=2.0),
+        SamplingParams(max_tokens=8, temperature=0.0, **penalties),
         # The end token is the favourite, masked until 4 tokens are out: it comes 5th, not 6th.
         SamplingParams(max_tokens=10, temperature=0.0, min_tokens=4, logit_bias=((end_token, 100.0),)),
         SamplingParams(max_tokens=14, temperature=0.0, stop_token_ids=(end_token,)),
@@ -90,10 +92,17 @@ def mixed_requests(end_token: int) -> list[Request]:
     return [Request(f"r{i}", prompt, s) for i, (prompt, s) in enumerate(zip(p, sampling, strict=True))]
 
 
-def by_request(updates: list[RequestUpdate]) -> dict[str, list[tuple]]:
+def by_request(updates: list[RequestUpdate], approximate: bool = False) -> dict[str, list[tuple]]:
+    """Each request's updates in order; `approximate`: logprobs to 1e-4, for comparing with another
+    run, where preemption can make other batches and a product over another batch rounds its last
+    bits otherwise."""
+    near = (lambda x: pytest.approx(x, abs=1e-4)) if approximate else (lambda x: x)
     seen: dict[str, list[tuple]] = {}
     for u in updates:
-        seen.setdefault(u.request_id, []).append((u.new_token_ids, u.finish_reason, u.error, u.logprobs))
+        logprobs = [
+            (lp.token_id, near(lp.logprob), [t for t, _ in lp.top], near([p for _, p in lp.top])) for lp in u.logprobs
+        ]
+        seen.setdefault(u.request_id, []).append((u.new_token_ids, u.finish_reason, u.error, logprobs))
     return seen
 
 
@@ -106,9 +115,17 @@ ON_A_GPU = pytest.param(
 )
 
 
+def read_at_once(events: list[tuple[str, int]]) -> int:
+    """Steps whose tokens were read before the next step was launched."""
+    return sum(a == ("launch", n) and b == ("read", n) for a, b in zip(events, events[1:]) for n in [a[1]])
+
+
 @pytest.mark.parametrize("device", ["cpu", ON_A_GPU])
+@pytest.mark.parametrize("penalised", [False, True], ids=["overlapped-throughout", "penalties-wait"])
 @pytest.mark.parametrize("kv_blocks", [128, 14], ids=["roomy", "preempting"])
-def test_overlapped_steps_give_the_same_updates_as_steps_in_turn(tiny: LlamaModel, kv_blocks: int, device: str) -> None:
+def test_overlapped_steps_give_the_same_updates_as_steps_in_turn(
+    tiny: LlamaModel, kv_blocks: int, penalised: bool, device: str
+) -> None:
     """On a GPU, with CUDA graphs, pinned copies and the events the host waits on."""
     tiny = copy.deepcopy(tiny).to(device)
     # An end token that greedy decoding meets: the second output token of r6 in turn.
@@ -118,12 +135,13 @@ def test_overlapped_steps_give_the_same_updates_as_steps_in_turn(tiny: LlamaMode
     settings = EngineSettings(max_batch_tokens=48, num_kv_blocks=kv_blocks, max_num_seqs=8)
     results = {}
     for overlap in ("off", "on"):
-        requests = mixed_requests(end_token)
+        requests = mixed_requests(end_token, penalised)
         engine, updates = run(tiny, dataclasses.replace(settings, overlap_scheduling=overlap), requests,
                               eos=(end_token,), abort_at={"r0": 4})  # fmt: skip
         pool = engine.kv_cache_manager.block_pool
         assert pool.num_free_blocks == pool.num_usable_blocks  # everything given back
-        results[overlap] = (by_request(updates), [(r.output_token_ids, r.status) for r in requests], engine)
+        outputs = [(r.output_token_ids, r.status) for r in requests]
+        results[overlap] = (by_request(updates, approximate=overlap == "off"), outputs, engine)
     in_turn, overlapped = results["off"], results["on"]
     held_to_min, _ = in_turn[1][4]  # counted one short (its last token still on the device), it would end 6th
     assert held_to_min == held_to_min[:4] + [end_token] and end_token not in held_to_min[:4]
@@ -132,6 +150,7 @@ def test_overlapped_steps_give_the_same_updates_as_steps_in_turn(tiny: LlamaMode
     statuses = {status for _, status in in_turn[1]}
     assert {RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH} <= statuses
     assert overlapped[2].runner.placeholders > 0 and in_turn[2].runner.placeholders == 0
+    assert (read_at_once(overlapped[2].runner.events) > 0) == penalised  # else every step overlapped
     if kv_blocks == 14:
         assert overlapped[2].scheduler.num_preemptions > 0
 
@@ -152,6 +171,13 @@ def test_a_request_that_reads_its_own_tokens_is_not_overlapped(tiny: LlamaModel)
     engine, _ = run(tiny, settings, [Request("a", prompts(2, [20])[0], penalised)])
     assert engine.runner.events == [("launch", 1), ("read", 1), ("launch", 2), ("read", 2), ("launch", 3), ("read", 3)]
     assert engine.runner.placeholders == 0
+
+
+def test_min_tokens_is_counted_from_positions_so_it_is_overlapped(tiny: LlamaModel) -> None:
+    held = SamplingParams(max_tokens=3, temperature=0.0, min_tokens=3)
+    settings = EngineSettings(num_kv_blocks=64, overlap_scheduling="on")
+    engine, _ = run(tiny, settings, [Request("a", prompts(2, [20])[0], held)])
+    assert engine.runner.events[:3] == [("launch", 1), ("launch", 2), ("read", 1)] and engine.runner.placeholders == 2
 
 
 def test_an_end_token_costs_one_dropped_row(tiny: LlamaModel) -> None:

@@ -57,14 +57,14 @@ def test_a_mixed_batch_equals_the_per_row_reference():
     prompt_lens = [rng.randrange(1, len(h) + 1) for h in histories]
     logits = torch.randn(len(params), VOCAB, generator=torch.Generator().manual_seed(1))
     expected = torch.tensor([reference(row, p, h, n) for row, p, h, n in zip(logits.tolist(), params, histories, prompt_lens)])
-    got = process_logits(logits.clone(), params, histories, prompt_lens, EOS)
+    got = process_logits(logits.clone(), params, histories, prompt_lens, [len(h) for h in histories], EOS)
     torch.testing.assert_close(got, expected)
     assert any(p.processes_logits for p in params) and any(not p.processes_logits for p in params)
 
 
 def test_rows_that_ask_nothing_are_not_touched():
     logits = torch.randn(3, VOCAB)
-    got = process_logits(logits.clone(), [SamplingParams()] * 3, [[1, 2]] * 3, [1] * 3, EOS)
+    got = process_logits(logits.clone(), [SamplingParams()] * 3, [[1, 2]] * 3, [1] * 3, [2] * 3, EOS)
     assert torch.equal(got, logits)
 
 

@@ -6,8 +6,8 @@ still runs on the device, then waits for step n's tokens and returns step n's up
 async scheduling and SGLang's overlap scheduler do. Step n+1's decodes read step n's tokens on the
 device. A request that step n finishes (its end token, a stop string, an abort) has one row in step
 n+1 that is computed and dropped. Requests that need their last token here before the next step
-(penalties and min_tokens count it, a grammar advances on it, a handoff parks after it) make the
-engine wait for it first, for that step."""
+(penalties count it, a grammar advances on it, a handoff parks after it) make the engine wait for
+it first, for that step."""
 
 from __future__ import annotations
 

@@ -18,13 +18,14 @@ def process_logits(
     params: Sequence[SamplingParams],  # (S,)
     histories: Sequence[Sequence[int]],  # (S,) each row's tokens so far: prompt, then output
     prompt_lens: Sequence[int],  # (S,)
+    positions: Sequence[int],  # (S,) where each row's token lands: counts a token still on the device too
     eos_token_ids: frozenset[int],
 ) -> torch.Tensor:
     rows = [i for i, p in enumerate(params) if p.processes_logits]
     if not rows:
         return logits
     _add_bias(logits, [(i, params[i]) for i in rows if params[i].logit_bias])
-    too_early = [(i, params[i]) for i in rows if len(histories[i]) - prompt_lens[i] < params[i].min_tokens]
+    too_early = [(i, params[i]) for i in rows if positions[i] - prompt_lens[i] < params[i].min_tokens]
     _mask_ends(logits, too_early, eos_token_ids)
     penalised = [i for i in rows if params[i].penalised]
     if penalised:

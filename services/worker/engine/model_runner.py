@@ -225,7 +225,9 @@ class ModelRunner:
         logits = self._logits(inputs)  # (S, V)
         if logits is None:
             return NOTHING_DRAWN
-        logits = process_logits(logits, inputs.sampling, inputs.histories, inputs.prompt_lens, self.config.eos_token_ids)
+        logits = process_logits(
+            logits, inputs.sampling, inputs.histories, inputs.prompt_lens, inputs.sample_positions, self.config.eos_token_ids
+        )
         if self.grammars is not None and (masked := self.grammars.bitmask(inputs.sample_ids, self.device)) is not None:
             apply_token_bitmask(logits, *masked)  # constrained rows keep only what their grammar allows
         tokens = self.sampler(logits, inputs.sampling, self._generators_for(inputs))  # (S,)
