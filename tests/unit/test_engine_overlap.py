@@ -55,8 +55,14 @@ def prompts(seed: int, lengths: list[int]) -> list[list[int]]:
     return [[rng.randrange(3, 49152) for _ in range(n)] for n in lengths]
 
 
-def run(model: LlamaModel, settings: EngineSettings, requests: list[Request], eos: tuple[int, ...] = (),
-        abort_at: dict[str, int] | None = None, runner_cls: type[ModelRunner] = EventRunner) -> tuple[Engine, list[RequestUpdate]]:  # fmt: skip
+def run(
+    model: LlamaModel,
+    settings: EngineSettings,
+    requests: list[Request],
+    eos: tuple[int, ...] = (),
+    abort_at: dict[str, int] | None = None,
+    runner_cls: type[ModelRunner] = EventRunner,
+) -> tuple[Engine, list[RequestUpdate]]:
     """Step to the end; abort_at: abort a request once it has that many output tokens."""
     engine = Engine(model, settings, eos_token_ids=eos, runner_cls=runner_cls)
     for request in requests:
