@@ -196,7 +196,8 @@ class GenerationEngine(Protocol):
         """Stop a request and free its memory now; its final output, or None if unknown."""
 
     def step(self) -> list[EngineOutput]:
-        """Run one step over the current batch; outputs for the requests that made progress."""
+        """Run one step over the current batch; outputs for the requests that made progress (overlapped
+        on a GPU: the outputs of the step launched before, as the next one runs)."""
 
     def has_unfinished_requests(self) -> bool: ...
 
