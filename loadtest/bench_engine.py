@@ -15,6 +15,7 @@ the figure in engine_plot.py.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import sys
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", choices=["none", "hf"], default="none", help="also run HF generate")
     parser.add_argument("--scenarios", default="skewed,long_prompt,memory,prefix,decode,controls,structured,overhead,overlap")
     parser.add_argument("--chunk-tokens", type=int, default=512, help="token budget per step when chunking")
+    parser.add_argument("--long-prompt-tokens", type=int, help="long_prompt: the prompt that arrives (default 2048)")
     parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads (the box may be shared)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), help="default: cpu on a CPU, wall on a GPU")
     parser.add_argument("--json", type=Path, default=RESULTS / "engine.json")
@@ -77,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     sizes = sizes_for(device, args.quick)
+    if args.long_prompt_tokens:
+        sizes = dataclasses.replace(sizes, long_prompt=args.long_prompt_tokens)
     # Seeded random weights of the shape, without a tokenizer: the GPU machine has no tokenizer files.
     model = random_model(SHAPES[args.model], device)
     results: dict = {"meta": {
