@@ -22,6 +22,7 @@ from aiokafka.errors import KafkaTimeoutError
 log = logging.getLogger(__name__)
 
 STOP_WITHIN_S = 5.0  # leaving the group and flushing take milliseconds with a broker there
+COMMIT_WITHIN_S = 2.0  # a commit takes one round trip with a broker there
 
 
 async def stop_client(client: AIOKafkaConsumer | AIOKafkaProducer, within_s: float = STOP_WITHIN_S) -> None:
@@ -42,20 +43,20 @@ async def stop_client(client: AIOKafkaConsumer | AIOKafkaProducer, within_s: flo
     await _abandon(client)
 
 
-async def commit_last(consumer: AIOKafkaConsumer, offsets: dict, within_s: float = STOP_WITHIN_S) -> None:
-    """A consumer's last commit before it stops: nothing to commit, no call; else bounded, since
-    aiokafka's commit waits for a group coordinator with no end, even with nothing to commit, and
-    a broker gone would hold the service until its stop backstop. A commit not made leaves the
-    partitions' next owner to read those records again from the last one made."""
+async def commit_bounded(consumer: AIOKafkaConsumer, offsets: dict, within_s: float = COMMIT_WITHIN_S) -> None:
+    """A commit that gives up: nothing to commit, no call; else bounded, since aiokafka's commit
+    waits for a group coordinator with no end, even with nothing to commit, and a broker gone would
+    hold a stopping service until its backstop. A commit not made leaves the partitions' next owner
+    to read those records again from the last one made."""
     if not offsets:
         return
     try:
         async with asyncio.timeout(within_s):
             await consumer.commit(offsets)
     except TimeoutError:
-        log.warning("the last commit found no broker within %.0f s; the next owner re-reads from the one before", within_s)
+        log.warning("a commit found no broker within %.0f s; the next owner re-reads from the one before", within_s)
     except Exception as exc:  # noqa: BLE001 - the broker's or the group's error: the next owner re-reads
-        log.warning("the last commit failed (%r); the next owner re-reads from the one before", exc)
+        log.warning("a commit failed (%r); the next owner re-reads from the one before", exc)
 
 
 def _caller_cancelled() -> bool:

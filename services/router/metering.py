@@ -13,13 +13,12 @@ import asyncio
 import logging
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
 from services.router.metrics import RouterMetrics
 from shared import wire
 from shared.kafka_clients import DeadLetters, make_consumer
-from shared.kafka_shutdown import stop_client
+from shared.kafka_shutdown import commit_bounded, stop_client
 from shared.metering.ledger import Ledger, first_of_each
 from shared.metering.records import record_problem
 from shared.seal import Seal
@@ -93,10 +92,9 @@ class UsageAggregator:
         tokens.labels("completion").inc(usage.completion_tokens)
 
     async def _commit(self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> None:
-        try:
-            await consumer.commit(offsets)
-        except KafkaError as exc:  # a rebalance took the partitions: their next owner re-reads, and dedupes
-            log.warning("usage commit failed: %r", exc)
+        # Bounded: with the broker gone a commit would wait with no end, and hold the router's stop.
+        # One not made: the partitions' next owner re-reads them, and counts each request once.
+        await commit_bounded(consumer, offsets)
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
         self._metrics.usage_records.labels("dead_letter").inc()

@@ -9,7 +9,6 @@ partition, and edges drop what they already had by seq.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -37,7 +36,7 @@ from shared.health import Health, Lifecycle
 from shared.hop_timing import Hop
 from shared.infra.permissions import usage_meter_group
 from shared.kafka_clients import DeadLetters, make_consumer, make_producer
-from shared.kafka_shutdown import commit_last, stop_client
+from shared.kafka_shutdown import COMMIT_WITHIN_S, STOP_WITHIN_S, commit_bounded, stop_client
 from shared.link_auth import LinkKeys
 from shared.membership import Membership
 from shared.membership.member import GONE
@@ -55,7 +54,10 @@ T = TypeVar("T")
 POLL_TIMEOUT_MS = 100
 ROUTE_RETRY_S = 0.5  # while the Redis Cluster fails over, lookups fail; wait and retry
 COMMIT_PERIOD_S = 0.1
-USAGE_STOP_S = 5.0  # the usage aggregate's poll in hand, counted and committed
+# The usage aggregate's poll in hand, counted and committed, and its consumer stopped: each
+# bounded (kafka_shutdown.py), even with the broker gone.
+USAGE_STOP_S = COMMIT_WITHIN_S + STOP_WITHIN_S + 1.0
+CANCEL_WAIT_S = 1.0
 
 
 class _ServingOnAssignment(ConsumerRebalanceListener):
@@ -129,16 +131,28 @@ class RouterService:
         finally:
             self.health.set(Lifecycle.STOPPED)
             committer.cancel()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(metering, USAGE_STOP_S)
-            await commit_last(consumer, self._forwarded)
             lag.cancel()
-            await stop_client(consumer)
-            await self._producer.stop()
+            # Side by side: with the broker gone each part waits out its bounds, and one after
+            # another those would add up past the stop backstop (a lost broker test saw it).
+            await asyncio.gather(self._leave_group(consumer), self._stop_metering(metering))
             for link in self._links.values():
                 await link.close()
             await self._membership.stop()
             await redis.aclose()
+
+    async def _leave_group(self, consumer: AIOKafkaConsumer) -> None:
+        await commit_bounded(consumer, self._forwarded)
+        await stop_client(consumer)
+
+    async def _stop_metering(self, metering: asyncio.Task) -> None:
+        """The usage aggregate ends its poll in hand (counted, committed) and stops its consumer,
+        then the producer it dead-letters through stops; past USAGE_STOP_S it is cancelled."""
+        done, _ = await asyncio.wait({metering}, timeout=USAGE_STOP_S)
+        if not done:
+            log.warning("the usage aggregate did not stop within %.0f s; cancelling it", USAGE_STOP_S)
+            metering.cancel()
+            await asyncio.wait({metering}, timeout=CANCEL_WAIT_S)
+        await stop_client(self._producer)
 
     async def _commit_forwarded(self, consumer: AIOKafkaConsumer) -> None:
         """Commit what was forwarded, off the hot path: a commit is a broker round trip, and

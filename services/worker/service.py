@@ -55,7 +55,7 @@ from shared.fleet_membership import is_alive
 from shared.health import Health, Lifecycle
 from shared.hop_timing import Hop, produced_at
 from shared.kafka_clients import DeadLetters, make_consumer, make_producer
-from shared.kafka_shutdown import commit_last, stop_client
+from shared.kafka_shutdown import commit_bounded, stop_client
 from shared.membership import Membership
 from shared.metering.publisher import UsagePublisher
 from shared.metering.records import UsageContext
@@ -218,7 +218,7 @@ class WorkerService:
         log.info("worker %s draining: %d streams running", self.settings.name, len(self._streams.active))
         if requests is not None and consuming is not None:
             await consuming
-            await commit_last(requests, self.offsets.committable())
+            await commit_bounded(requests, self.offsets.committable())
             self.drop_unstarted(self.offsets.forget_partitions(set(requests.assignment())))
             await stop_client(requests)  # leaves the group: a rebalance, not a session timeout
             self.assignment_changed(set())
