@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from services.worker.engine.sampler import on_device
+from services.worker.engine.host_values import on_device
 from services.worker.engine.sampling_params import SamplingParams
 
 

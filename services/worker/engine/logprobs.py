@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.worker.engine.sampler import on_device
+from services.worker.engine.host_values import on_device
 from services.worker.engine.sampling_params import SamplingParams
 
 # What OpenAI reports for a token the distribution rules out; JSON has no -inf.

@@ -24,6 +24,7 @@ from services.worker.engine.cpu_graphs import CpuDecodeGraphs
 from services.worker.engine.cuda_graphs import CudaGraphRunner
 from services.worker.engine.grammar_mask import apply_token_bitmask
 from services.worker.engine.grammar_matchers import GrammarMatchers
+from services.worker.engine.host_values import on_device
 from services.worker.engine.kv_cache_manager import cdiv
 from services.worker.engine.logits_processors import process_logits
 from services.worker.engine.logprobs import PendingLogprobs, Sampled, token_logprobs
@@ -32,7 +33,7 @@ from services.worker.engine.model import (
     allocate_kv_cache,
     kv_bytes_per_block,
 )
-from services.worker.engine.sampler import Sampler, make_generator, on_device
+from services.worker.engine.sampler import Sampler, make_generator
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduler import PLACEHOLDER, SchedulerOutput
 from services.worker.engine.settings import CpuCompile

@@ -5,14 +5,8 @@ from collections.abc import Sequence
 
 import torch
 
+from services.worker.engine.host_values import on_device
 from services.worker.engine.sampling_params import SamplingParams
-
-
-def on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A row's worth of host values on the device, without waiting for it: a blocking copy would
-    first wait for every step queued before it, the one engine.py overlaps with included."""
-    host = torch.tensor(values, dtype=dtype)
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
 
 
 def make_generator(seed: int, device: str | torch.device) -> torch.Generator:
