@@ -194,12 +194,16 @@ def full_collection_ms() -> float:
     return 1e3 * (time.perf_counter() - start)
 
 
-def start_decoding(engine: Engine, batch: int) -> list[Request]:
+def start_decoding(engine: Engine, batch: int, penalised: int = 0) -> list[Request]:
     """`batch` greedy requests that do not end while measured, past their prompts: every later step
-    is `batch` decodes."""
+    is `batch` decodes. The first `penalised` ask for frequency and presence penalties."""
     rng = np.random.default_rng(batch)
     sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    requests = [Request(f"o{i}", random_tokens(rng, int(rng.integers(*PROMPT_LENS))), sampling) for i in range(batch)]
+    penalties = dataclasses.replace(sampling, frequency_penalty=0.5, presence_penalty=0.5)
+    requests = [
+        Request(f"o{i}", random_tokens(rng, int(rng.integers(*PROMPT_LENS))), penalties if i < penalised else sampling)
+        for i in range(batch)
+    ]
     for request in requests:
         engine.add_request(request)
     while any(r.num_output_tokens == 0 for r in requests):

@@ -2,7 +2,8 @@
 engine_overhead.py on a simulated device whose every step takes a fixed time, as a GPU's stream
 does. A launch queues the step and returns; reading its tokens waits until the device has done
 it. In turn, a step costs the host's work plus the device's; overlapped, the host schedules and
-launches step n+1 while the device runs step n, so a step costs the larger of the two.
+launches step n+1 while the device runs step n, so a step costs the larger of the two. The last
+row has PENALISED of its requests ask for frequency and presence penalties, as OpenAI clients may.
 
 The device time is llama-8b's weight-read bound on an H200 (3.75 ms: 16 GB of bf16 weights at the
 4.28 TB/s measured there), the shortest a real step of that model can take, where the host's work
@@ -32,6 +33,7 @@ from services.worker.engine.settings import EngineSettings
 DEVICE_MS = 3.75
 STUB_VOCAB = 1024
 WARMUP_STEPS, MEASURED_STEPS = 10, 200
+PENALISED = 16  # of the largest batch, in a row of its own
 SPIN_S = 2e-4  # the last stretch of a wait is spun, not slept: a sleep overshoots by ~0.1 ms
 
 
@@ -78,9 +80,9 @@ class DeviceStub(StubModel):
         return super().forward(input_ids, positions, meta, kv_caches)
 
 
-def step_periods(engine: Engine, batch: int) -> list[float]:
+def step_periods(engine: Engine, batch: int, penalised: int) -> list[float]:
     """Wall time between successive steps' returns, with `batch` requests decoding."""
-    requests = start_decoding(engine, batch)
+    requests = start_decoding(engine, batch, penalised)
     for _ in range(WARMUP_STEPS):
         engine.step()
     periods, last = [], time.perf_counter()
@@ -110,17 +112,18 @@ def overlap(model: LlamaModel, sizes: Sizes, args: argparse.Namespace) -> dict:
         f"that takes {DEVICE_MS} ms a step; in turn (overlap off) against overlapped (on), N requests decoding",
     }  # fmt: skip
     with mock.patch.object(model_runner, "to_host", stream.event):
-        for batch in BATCHES:
+        for batch, penalised in [(batch, 0) for batch in BATCHES] + [(BATCHES[-1], PENALISED)]:
             row = {}
             for mode in ("off", "on"):
                 settings = EngineSettings(max_batch_tokens=8192, num_kv_blocks=num_kv_blocks, overlap_scheduling=mode)
-                periods = with_engine(stub, settings, lambda engine, n=batch: step_periods(engine, n))
+                periods = with_engine(stub, settings, lambda engine, n=batch, p=penalised: step_periods(engine, n, p))
                 row[f"step_ms_{mode}"] = 1e3 * statistics.median(periods)
                 row[f"step_ms_p99_{mode}"] = 1e3 * float(np.percentile(periods, 99))
             row["host_ms"] = row["step_ms_off"] - DEVICE_MS  # in turn, the device waits this long a step
             row["device_busy_on"] = min(1.0, DEVICE_MS / row["step_ms_on"])
             row["off_over_on"] = row["step_ms_off"] / row["step_ms_on"]
-            result[f"batch_{batch}"] = row
-            print(f"  overlap {batch}: {row['step_ms_off']:.2f} ms in turn, {row['step_ms_on']:.2f} ms overlapped",
+            name = f"batch_{batch}" + (f"_{penalised}_penalised" if penalised else "")
+            result[name] = row
+            print(f"  overlap {name}: {row['step_ms_off']:.2f} ms in turn, {row['step_ms_on']:.2f} ms overlapped",
                   flush=True)  # fmt: skip
     return result

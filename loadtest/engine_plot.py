@@ -47,8 +47,9 @@ def plot_results(results: dict, path: Path) -> Path | None:
         r = results["overlap"]
         bars = {}
         for key in (k for k in r if k.startswith("batch_")):
-            bars[f"{key[6:]} in\nturn"] = r[key]["step_ms_off"]
-            bars[f"{key[6:]} over-\nlapped"] = r[key]["step_ms_on"]
+            label = key[6:].replace("_", "\n", 1).replace("_", " ")  # "256\n16 penalised"
+            bars[f"{label} in\nturn"] = r[key]["step_ms_off"]
+            bars[f"{label} over-\nlapped"] = r[key]["step_ms_on"]
         panels.append((f"step on a simulated {r['device_ms']} ms device (ms)", bars))
     if not panels:
         return None

@@ -62,11 +62,12 @@ def test_a_measured_batch_is_split_into_its_calls_and_the_timers_are_undone(over
 
 def test_overlapped_steps_hide_the_host_behind_a_simulated_device(overhead, monkeypatch):
     """engine_overlap.py: with a device step far longer than the host's work, a step in turn costs
-    both and an overlapped one the device's alone."""
+    both and an overlapped one the device's alone, penalised requests in the batch or not."""
     import engine_overlap
 
     monkeypatch.setattr(engine_overlap, "DEVICE_MS", 20.0)
     monkeypatch.setattr(engine_overlap, "BATCHES", (4,))
+    monkeypatch.setattr(engine_overlap, "PENALISED", 2)
     monkeypatch.setattr(engine_overlap, "WARMUP_STEPS", 2)
     monkeypatch.setattr(engine_overlap, "MEASURED_STEPS", 8)
     # A host's work of 10 ms a step, whichever way the engine steps.
@@ -77,7 +78,8 @@ def test_overlapped_steps_hide_the_host_behind_a_simulated_device(overhead, monk
         return prepare_inputs(*args, **kwargs)
 
     monkeypatch.setattr(model_runner, "prepare_inputs", slow_prepare)
-    result = engine_overlap.overlap(None, None, None)["batch_4"]
-    assert result["step_ms_off"] == pytest.approx(30.0, abs=4.0)  # device, then host
-    assert result["step_ms_on"] == pytest.approx(20.0, abs=2.0)  # the host's 10 ms hidden
+    results = engine_overlap.overlap(None, None, None)
+    for result in (results["batch_4"], results["batch_4_2_penalised"]):
+        assert result["step_ms_off"] == pytest.approx(30.0, abs=4.0)  # device, then host
+        assert result["step_ms_on"] == pytest.approx(20.0, abs=2.0)  # the host's 10 ms hidden
     assert model_runner.to_host is not engine_overlap.SimulatedStream.event

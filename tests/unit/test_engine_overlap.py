@@ -1,7 +1,7 @@
 """Overlapped steps (engine.overlap_scheduling): each step is launched before the one before it is
 read back, and what comes out is what the engine gives stepping in turn, update for update: greedy
-and seeded draws, logprobs, penalties, min_tokens, end tokens, stop token ids, aborts, preemption
-and a request that fails. On a CPU a launch computes at once; the order of launches and reads is
+and seeded draws, logprobs, penalties, min_tokens, end tokens, stop token ids, aborts, preemption,
+a constrained request and a request that fails. On a CPU a launch computes at once; the order of launches and reads is
 what a GPU would overlap."""
 
 from __future__ import annotations
@@ -10,17 +10,24 @@ import copy
 import dataclasses
 import os
 import random
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from llguidance import LLMatcher
 
 from services.worker.engine.engine import Engine, RequestUpdate
+from services.worker.engine.grammar_compiler import GrammarCompiler
 from services.worker.engine.model import LlamaModel
 from services.worker.engine.model_runner import ModelRunner, PendingStep
 from services.worker.engine.request import Request, RequestStatus
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduler import PLACEHOLDER, SchedulerOutput
 from services.worker.engine.settings import EngineSettings
+from services.worker.engine.types import Constraint
+from shared.models.shapes import SHAPES
+from shared.models.spec import resolve_model
+from shared.models.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -62,11 +69,12 @@ def run(
     eos: tuple[int, ...] = (),
     abort_at: dict[str, int] | None = None,
     runner_cls: type[ModelRunner] = EventRunner,
+    grammars: dict[str, LLMatcher] | None = None,
 ) -> tuple[Engine, list[RequestUpdate]]:
     """Step to the end; abort_at: abort a request once it has that many output tokens."""
     engine = Engine(model, settings, eos_token_ids=eos, runner_cls=runner_cls)
     for request in requests:
-        engine.add_request(request)
+        engine.add_request(request, (grammars or {}).get(request.request_id))
     updates: list[RequestUpdate] = []
     for _ in range(2_000):
         if not engine.has_unfinished_requests():
@@ -79,21 +87,27 @@ def run(
     raise AssertionError("the engine did not finish")
 
 
-def mixed_requests(end_token: int, penalised: bool = False) -> list[Request]:
-    """With `penalised`, r3's penalties make every step it is in wait for the one before."""
+@pytest.fixture(scope="module")
+def lowercase_words() -> Iterator[Callable[[], LLMatcher]]:
+    """A fresh matcher, each call, for text of lowercase words: a grammar that runs for many steps."""
+    compiler = GrammarCompiler(Tokenizer.from_folder(resolve_model("tiny").tokenizer_folder), 49152, (2,))
+    yield lambda: compiler.matcher(Constraint("regex", "[a-z]+( [a-z]+)*"))
+    compiler.close()
+
+
+def mixed_requests(end_token: int) -> list[Request]:
     lengths = [5, 17, 33, 48, 9, 70, 21, 40]
     p = prompts(11, lengths)
-    penalties = {"repetition_penalty": 2.0, "frequency_penalty": 2.0} if penalised else {}
     sampling = [
         GREEDY,
         SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=7),  # seeded: repeats exactly
         SamplingParams(max_tokens=9, temperature=0.0, logprobs=3),
-        SamplingParams(max_tokens=8, temperature=0.0, **penalties),
+        SamplingParams(max_tokens=8, temperature=0.0, repetition_penalty=2.0, frequency_penalty=2.0),
         # The end token is the favourite, masked until 4 tokens are out: it comes 5th, not 6th.
         SamplingParams(max_tokens=10, temperature=0.0, min_tokens=4, logit_bias=((end_token, 100.0),)),
         SamplingParams(max_tokens=14, temperature=0.0, stop_token_ids=(end_token,)),
         GREEDY,
-        SamplingParams(max_tokens=11, temperature=0.0, logit_bias=((end_token, 5.0),)),
+        SamplingParams(max_tokens=11, temperature=0.0, logit_bias=((end_token, 5.0),), presence_penalty=2.0),
     ]
     return [Request(f"r{i}", prompt, s) for i, (prompt, s) in enumerate(zip(p, sampling, strict=True))]
 
@@ -127,12 +141,13 @@ def read_at_once(events: list[tuple[str, int]]) -> int:
 
 
 @pytest.mark.parametrize("device", ["cpu", ON_A_GPU])
-@pytest.mark.parametrize("penalised", [False, True], ids=["overlapped-throughout", "penalties-wait"])
+@pytest.mark.parametrize("constrained", [False, True], ids=["overlapped-throughout", "grammar-waits"])
 @pytest.mark.parametrize("kv_blocks", [128, 14], ids=["roomy", "preempting"])
 def test_overlapped_steps_give_the_same_updates_as_steps_in_turn(
-    tiny: LlamaModel, kv_blocks: int, penalised: bool, device: str
+    tiny: LlamaModel, kv_blocks: int, constrained: bool, device: str, lowercase_words: Callable[[], LLMatcher]
 ) -> None:
-    """On a GPU, with CUDA graphs, pinned copies and the events the host waits on."""
+    """On a GPU, with CUDA graphs, pinned copies and the events the host waits on. Penalised
+    requests overlap; with `constrained`, r2's grammar makes every step it is in wait for the one before."""
     tiny = copy.deepcopy(tiny).to(device)
     # An end token that greedy decoding meets: the second output token of r6 in turn.
     probe = Request("probe", mixed_requests(0)[6].all_token_ids, GREEDY)
@@ -141,9 +156,10 @@ def test_overlapped_steps_give_the_same_updates_as_steps_in_turn(
     settings = EngineSettings(max_batch_tokens=48, num_kv_blocks=kv_blocks, max_num_seqs=8)
     results = {}
     for overlap in ("off", "on"):
-        requests = mixed_requests(end_token, penalised)
+        requests = mixed_requests(end_token)
+        grammars = {"r2": lowercase_words()} if constrained else None
         engine, updates = run(tiny, dataclasses.replace(settings, overlap_scheduling=overlap), requests,
-                              eos=(end_token,), abort_at={"r0": 4})  # fmt: skip
+                              eos=(end_token,), abort_at={"r0": 4}, grammars=grammars)  # fmt: skip
         pool = engine.kv_cache_manager.block_pool
         assert pool.num_free_blocks == pool.num_usable_blocks  # everything given back
         outputs = [(r.output_token_ids, r.status) for r in requests]
@@ -156,7 +172,7 @@ def test_overlapped_steps_give_the_same_updates_as_steps_in_turn(
     statuses = {status for _, status in in_turn[1]}
     assert {RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH} <= statuses
     assert overlapped[2].runner.placeholders > 0 and in_turn[2].runner.placeholders == 0
-    assert (read_at_once(overlapped[2].runner.events) > 0) == penalised  # else every step overlapped
+    assert (read_at_once(overlapped[2].runner.events) > 0) == constrained  # else every step overlapped
     if kv_blocks == 14:
         assert overlapped[2].scheduler.num_preemptions > 0
 
@@ -171,12 +187,31 @@ def test_a_step_is_launched_before_the_one_before_is_read(tiny: LlamaModel) -> N
     ]  # fmt: skip
 
 
-def test_a_request_that_reads_its_own_tokens_is_not_overlapped(tiny: LlamaModel) -> None:
-    penalised = SamplingParams(max_tokens=3, temperature=0.0, presence_penalty=1.0)
+def test_a_constrained_request_is_not_overlapped(tiny: LlamaModel, lowercase_words: Callable[[], LLMatcher]) -> None:
     settings = EngineSettings(num_kv_blocks=64, overlap_scheduling="on")
-    engine, _ = run(tiny, settings, [Request("a", prompts(2, [20])[0], penalised)])
+    request = Request("a", prompts(2, [20])[0], SamplingParams(max_tokens=3, temperature=0.0))
+    engine, _ = run(tiny, settings, [request], grammars={"a": lowercase_words()})
     assert engine.runner.events == [("launch", 1), ("read", 1), ("launch", 2), ("read", 2), ("launch", 3), ("read", 3)]
     assert engine.runner.placeholders == 0
+
+
+def test_penalties_count_the_token_on_the_device_so_they_are_overlapped() -> None:
+    # Stock random weights: greedy repeats the prompt's last token, 38 ahead of the next; biased to
+    # lead by less than the penalties, it is drawn again only if they miss the last draw.
+    torch.manual_seed(0)
+    stock = LlamaModel(SHAPES["tiny"]).eval()
+    prompt = prompts(4, [20])[0]
+    penalised = SamplingParams(max_tokens=6, temperature=0.0, frequency_penalty=1.0, presence_penalty=1.0,
+                               logit_bias=((prompt[-1], -36.0),))  # fmt: skip
+    outputs = {}
+    for overlap in ("off", "on"):
+        request = Request("a", prompt, penalised)
+        engine, _ = run(stock, EngineSettings(num_kv_blocks=64, overlap_scheduling=overlap), [request])
+        outputs[overlap] = request.output_token_ids
+    assert engine.runner.events[:3] == [("launch", 1), ("launch", 2), ("read", 1)]
+    assert read_at_once(engine.runner.events) == 0 and engine.runner.placeholders == 5
+    assert outputs["off"][:2] == [prompt[-1], 41256]  # the first draw counted against the second
+    assert outputs["on"] == outputs["off"]
 
 
 def test_min_tokens_is_counted_from_positions_so_it_is_overlapped(tiny: LlamaModel) -> None:

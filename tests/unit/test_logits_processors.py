@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from services.worker.engine.engine import Engine
-from services.worker.engine.logits_processors import process_logits
+from services.worker.engine.logits_processors import PendingTokens, process_logits
 from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.settings import EngineSettings
@@ -60,6 +60,27 @@ def test_a_mixed_batch_equals_the_per_row_reference():
     got = process_logits(logits.clone(), params, histories, prompt_lens, [len(h) for h in histories], EOS)
     torch.testing.assert_close(got, expected)
     assert any(p.processes_logits for p in params) and any(not p.processes_logits for p in params)
+
+
+def test_a_token_still_on_the_device_counts_as_if_it_were_in_the_history():
+    """An overlapped step's decodes take their last token from the device; the penalties count it
+    there: the same logits as with the token in the history, whether seen before or new."""
+    rng = random.Random(2)
+    params = [random_params(rng) for _ in range(24)]
+    histories = [[rng.randrange(VOCAB) for _ in range(rng.randrange(2, 40))] for _ in params]
+    prompt_lens = [rng.randrange(1, len(h)) for h in histories]  # the last token is an output
+    pending = [i for i in range(len(params)) if i % 3 != 2]  # some rows' last tokens are known
+    histories[pending[0]][-1] = histories[pending[0]][prompt_lens[pending[0]] - 1]  # in the prompt already
+    histories[pending[1]][-1] = VOCAB - 1  # seen nowhere else
+    logits = torch.randn(len(params), VOCAB, generator=torch.Generator().manual_seed(3))
+    positions = [len(h) for h in histories]
+    expected = process_logits(logits.clone(), params, histories, prompt_lens, positions, EOS)
+    known = [h[:-1] if i in pending else h for i, h in enumerate(histories)]
+    late = PendingTokens(pending, torch.tensor([histories[i][-1] for i in pending]))
+    got = process_logits(logits.clone(), params, known, prompt_lens, positions, EOS, late)
+    torch.testing.assert_close(got, expected)
+    without = process_logits(logits.clone(), params, known, prompt_lens, positions, EOS)
+    assert not torch.allclose(without, expected)  # the pending tokens change the logits
 
 
 def test_rows_that_ask_nothing_are_not_touched():

@@ -5,9 +5,9 @@ Overlapped (`overlap_scheduling`, on a GPU): each call schedules and launches st
 still runs on the device, then waits for step n's tokens and returns step n's updates, as vLLM's
 async scheduling and SGLang's overlap scheduler do. Step n+1's decodes read step n's tokens on the
 device. A request that step n finishes (its end token, a stop string, an abort) has one row in step
-n+1 that is computed and dropped. Requests that need their last token here before the next step
-(penalties count it, a grammar advances on it, a handoff parks after it) make the engine wait for
-it first, for that step."""
+n+1 that is computed and dropped. Penalties count a token still on the device where it lies
+(logits_processors.py). Requests that need their last token here before the next step (a grammar
+advances on it, a handoff parks after it) make the engine wait for it first, for that step."""
 
 from __future__ import annotations
 
@@ -237,7 +237,7 @@ class Engine:
         grammars, requests = self.grammars, self.scheduler.requests
         return any(
             chunk.sample
-            and (chunk.sampling.reads_own_tokens or chunk.request_id in grammars or requests[chunk.request_id].handoff)
+            and (chunk.request_id in grammars or requests[chunk.request_id].handoff)
             for chunk in out.chunks
         )
 

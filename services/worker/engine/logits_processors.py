@@ -1,12 +1,19 @@
 """What a request asks of its logits before a token is drawn, applied to the whole batch at once:
 logit bias, no end before `min_tokens`, and the repetition, frequency and presence penalties
-(as OpenAI and vLLM define them). Rows that ask for none of it are not touched."""
+(as OpenAI and vLLM define them). Rows that ask for none of it are not touched.
+
+Nothing here waits for the device: host values travel by pinned, non-blocking copies, and a token
+the step before drew and the host has not read yet (an overlapped step, engine.py) is counted
+where it lies, on the device. Repeated (row, token) pairs need no deduplication: a write through
+them writes the same value for each repeat, and only the frequency penalty adds them up."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from services.worker.engine.host_values import on_device
@@ -20,6 +27,7 @@ def process_logits(
     prompt_lens: Sequence[int],  # (S,)
     positions: Sequence[int],  # (S,) where each row's token lands: counts a token still on the device too
     eos_token_ids: frozenset[int],
+    pending: PendingTokens | None = None,  # the rows whose last token is missing from their history
 ) -> torch.Tensor:
     rows = [i for i, p in enumerate(params) if p.processes_logits]
     if not rows:
@@ -29,8 +37,17 @@ def process_logits(
     _mask_ends(logits, too_early, eos_token_ids)
     penalised = [i for i in rows if params[i].penalised]
     if penalised:
-        _penalise(logits, penalised, params, histories, prompt_lens)
+        _penalise(logits, penalised, params, histories, prompt_lens, pending)
     return logits
+
+
+@dataclass(frozen=True)
+class PendingTokens:
+    """Rows whose latest token is not in their history yet: the step before drew it and it is still
+    on the device, where this step reads it as its input."""
+
+    rows: Sequence[int]  # (P,) sampled rows
+    tokens: torch.Tensor  # (P,) int64 on the logits' device
 
 
 def _add_bias(logits: torch.Tensor, rows: list[tuple[int, SamplingParams]]) -> None:
@@ -63,37 +80,36 @@ def _penalise(
     params: Sequence[SamplingParams],
     histories: Sequence[Sequence[int]],
     prompt_lens: Sequence[int],
+    pending: PendingTokens | None,
 ) -> None:
     """Sparse: only the (row, token) pairs a row has seen are read and written, so the cost is
     the batch's tokens so far, not rows × vocabulary."""
-    device, vocab = logits.device, logits.shape[1]
+    device = logits.device
     repeating = [i for i in rows if params[i].repetition_penalty != 1.0]
     if repeating:
-        row, token = _unique_pairs(repeating, [histories[i] for i in repeating], vocab, device)  # prompt and output
-        penalty = torch.tensor([params[i].repetition_penalty for i in range(len(params))], device=device)[row]
+        row, token = _pairs(repeating, [histories[i] for i in repeating], pending, device)  # prompt and output
+        penalty = on_device([p.repetition_penalty for p in params], logits.dtype, device)[row]
         seen = logits[row, token]
         logits[row, token] = torch.where(seen > 0, seen / penalty, seen * penalty)
-    outputs = [histories[i][prompt_lens[i] :] for i in rows]
-    frequency = torch.tensor([p.frequency_penalty for p in params], device=device)
-    presence = torch.tensor([p.presence_penalty for p in params], device=device)
-    row, token = _pairs(rows, outputs, device)  # every output token, repeats included
+    row, token = _pairs(rows, [histories[i][prompt_lens[i] :] for i in rows], pending, device)  # output
     if row.numel():
+        frequency = on_device([p.frequency_penalty for p in params], logits.dtype, device)
+        presence = on_device([p.presence_penalty for p in params], logits.dtype, device)
         logits.index_put_((row, token), -frequency[row], accumulate=True)  # frequency × count
-        row, token = _unique_pairs(rows, outputs, vocab, device)
-        logits[row, token] -= presence[row]
+        logits[row, token] -= presence[row]  # once per token seen, however often
 
 
-def _pairs(rows: list[int], sequences: list[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, token) for every token of every row's sequence: one tensor each for the batch."""
-    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
-    tokens = torch.tensor(list(itertools.chain.from_iterable(sequences)), dtype=torch.long)
-    row = torch.repeat_interleave(torch.tensor(rows, dtype=torch.long), lengths)
-    return row.to(device), tokens.to(device)
-
-
-def _unique_pairs(
-    rows: list[int], sequences: list[Sequence[int]], vocab: int, device: torch.device
+def _pairs(
+    rows: list[int], sequences: list[Sequence[int]], pending: PendingTokens | None, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    row, token = _pairs(rows, sequences, device)
-    flat = torch.unique(row * vocab + token)
-    return flat // vocab, flat % vocab
+    """(row, token) on the device for every token of every row's sequence, then for each of the
+    rows' pending tokens."""
+    row = on_device(np.repeat(rows, [len(s) for s in sequences]), torch.int64, device)
+    token = on_device(list(itertools.chain.from_iterable(sequences)), torch.int64, device)
+    wanted = set(rows)
+    late = [j for j, r in enumerate(pending.rows) if r in wanted] if pending is not None else []
+    if not late:
+        return row, token
+    late_row = on_device([pending.rows[j] for j in late], torch.int64, device)
+    late_token = pending.tokens.index_select(0, on_device(late, torch.int64, device))
+    return torch.cat([row, late_row]), torch.cat([token, late_token])

@@ -26,7 +26,7 @@ from services.worker.engine.grammar_mask import apply_token_bitmask
 from services.worker.engine.grammar_matchers import GrammarMatchers
 from services.worker.engine.host_values import on_device
 from services.worker.engine.kv_cache_manager import cdiv
-from services.worker.engine.logits_processors import process_logits
+from services.worker.engine.logits_processors import PendingTokens, process_logits
 from services.worker.engine.logprobs import PendingLogprobs, Sampled, token_logprobs
 from services.worker.engine.model import (
     LlamaModel,
@@ -76,6 +76,7 @@ class StepInputs:
     prompt_lens: list[int]  # (S,)
     placeholder_rows: np.ndarray  # (P,) rows of the T tokens whose input is PLACEHOLDER
     placeholder_ids: list[str]  # (P,) the request of each
+    placeholder_samples: list[int]  # (P,) the sampled row of each (a decode samples its one token)
 
     @property
     def num_seqs(self) -> int:
@@ -137,6 +138,7 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, pad_to: int = 0) -> St
         prompt_lens=pick(prompt_lens),
         placeholder_rows=cu_seqlens[placeholder_seqs],
         placeholder_ids=[ids[i] for i in placeholder_seqs],
+        placeholder_samples=np.searchsorted(sampled, placeholder_seqs).tolist(),
     )
 
 
@@ -221,14 +223,14 @@ class ModelRunner:
         if out.is_empty:
             return NOTHING_DRAWN
         inputs = self._to_device(prepare_inputs(out, self.block_size, self._graph_size(out)))
-        if len(inputs.placeholder_rows):
-            self._fill_placeholders(inputs)
+        pending = self._fill_placeholders(inputs) if len(inputs.placeholder_rows) else None
         logits = self._logits(inputs)  # (S, V)
         if logits is None:
             return NOTHING_DRAWN
         logits = process_logits(
-            logits, inputs.sampling, inputs.histories, inputs.prompt_lens, inputs.sample_positions, self.config.eos_token_ids
-        )
+            logits, inputs.sampling, inputs.histories, inputs.prompt_lens, inputs.sample_positions,
+            self.config.eos_token_ids, pending,
+        )  # fmt: skip
         if self.grammars is not None and (masked := self.grammars.bitmask(inputs.sample_ids, self.device)) is not None:
             apply_token_bitmask(logits, *masked)  # constrained rows keep only what their grammar allows
         tokens = self.sampler(logits, inputs.sampling, self._generators_for(inputs))  # (S,)
@@ -237,13 +239,16 @@ class ModelRunner:
         host_tokens, ready = to_host(tokens)
         return PendingStep(inputs.sample_ids, host_tokens, logprobs, ready)
 
-    def _fill_placeholders(self, inputs: StepInputs) -> None:
-        """Each PLACEHOLDER input becomes the token the last launched step drew for its request."""
+    def _fill_placeholders(self, inputs: StepInputs) -> PendingTokens:
+        """Each PLACEHOLDER input becomes the token the last launched step drew for its request,
+        which its history lacks until the host reads it (so its penalties take it from here)."""
         row_of = {request_id: row for row, request_id in enumerate(self._drawn_ids)}
         rows = [row_of[request_id] for request_id in inputs.placeholder_ids]  # KeyError: not drawn there
         source = on_device(rows, torch.int64, self.device)
         target = on_device(inputs.placeholder_rows.tolist(), torch.int64, self.device)
-        inputs.input_ids.index_copy_(0, target, self._drawn.index_select(0, source))
+        tokens = self._drawn.index_select(0, source)
+        inputs.input_ids.index_copy_(0, target, tokens)
+        return PendingTokens(inputs.placeholder_samples, tokens)
 
     def drop_requests(self, request_ids: list[str]) -> None:
         """Forget per-request state (seeded generators) of finished or preempted requests."""

@@ -67,10 +67,3 @@ class SamplingParams:
     @cached_property
     def processes_logits(self) -> bool:
         return self.penalised or bool(self.logit_bias) or self.min_tokens > 0
-
-    @cached_property
-    def reads_own_tokens(self) -> bool:
-        """Whether its next step needs the value of the token drawn last on the host (the penalties
-        count it): such a request is not scheduled again before that token is back (engine.py's
-        overlap). min_tokens needs only how many there are, which the step's positions say."""
-        return self.penalised
