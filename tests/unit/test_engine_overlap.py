@@ -1,8 +1,8 @@
 """Overlapped steps (engine.overlap_scheduling): each step is launched before the one before it is
 read back, and what comes out is what the engine gives stepping in turn, update for update: greedy
 and seeded draws, logprobs, penalties, min_tokens, end tokens, stop token ids, aborts, preemption,
-a constrained request and a request that fails. On a CPU a launch computes at once; the order of launches and reads is
-what a GPU would overlap."""
+a constrained request and a request that fails. On a CPU a launch computes at once; the order of
+launches and reads is what a GPU would overlap."""
 
 from __future__ import annotations
 
