@@ -89,13 +89,17 @@ $(PEERS_STAMP):
 peers: $(PEERS_STAMP)
 
 # What a lent GPU machine's image lacks for the engine and its benchmark (loadtest/device_check.sh),
-# as wheels for its Python 3.12, in the versions installed here.
+# as wheels for its Python 3.12, in the versions installed here; and SmolLM2's tokenizer (without
+# its weights, too large to travel) for the tests whose grammars need one.
 DEVICE_WHEELS := pydantic|pydantic[-_]core|annotated[-_]types|typing[-_]inspection|llguidance|gguf
 device-wheels: install
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 		--platform manylinux2014_x86_64 \
 		-d .whl $$($(BIN)/pip freeze | grep -i -E '^($(DEVICE_WHEELS))==')
+	mkdir -p .whl/smollm2-135m-instruct
+	cp $$($(BIN)/python -c "from shared.models.smollm2 import smollm2_folder; print(smollm2_folder())")/*.json \
+		.whl/smollm2-135m-instruct/
 
 bench-peers: install peers
 	$(BIN)/python loadtest/bench_peers.py --llama-python $(PEERS_VENV)/bin/python --json loadtest/results/peers_cpu.json

@@ -2,7 +2,7 @@
 continuous vs static batching, chunked vs whole prefill, paged vs reserved KV, prefix caching,
 what the sampling controls cost per step, the engine's own step with a stub model and what
 overlapping steps hides of it, and (on a GPU) decode speed against the memory-bandwidth bound, with
-and without CUDA graphs.
+and without CUDA graphs, and each Triton kernel against its reference at the model's shapes.
 
     python loadtest/bench_engine.py --model tiny --device cpu --quick --json loadtest/results/engine_cpu.json
     python loadtest/bench_engine.py --model llama-8b --device cuda --baseline hf --json loadtest/results/engine_gpu.json
@@ -26,6 +26,7 @@ import torch
 from bench_report import write_and_report
 from engine_controls import controls, structured
 from engine_decode import decode
+from engine_kernels import kernels
 from engine_overhead import overhead
 from engine_overlap import overlap
 from engine_plot import plot_results
@@ -46,6 +47,7 @@ TARGETS = {  # CPU targets from the design brief
     "controls.penalties_logprobs_step_over_plain": ("<=", 1.10),
     "structured.json_schema_step_over_plain": ("<=", 1.25),
     "overhead.step_ms_at_256": ("<=", 2.0),  # the engine's own step, stub model (engine_overhead.py)
+    "kernels.max_relative_error": ("<=", 1e-2),  # each Triton kernel against its reference (engine_kernels.py)
 }
 
 
@@ -66,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="smaller scenarios (sizes in the JSON)")
     parser.add_argument("--baseline", choices=["none", "hf"], default="none", help="also run HF generate")
-    parser.add_argument("--scenarios", default="skewed,long_prompt,memory,prefix,decode,controls,structured,overhead,overlap")
+    parser.add_argument(
+        "--scenarios",
+        default="skewed,long_prompt,memory,prefix,decode,kernels,controls,structured,overhead,overlap",
+    )
     parser.add_argument("--chunk-tokens", type=int, default=512, help="token budget per step when chunking")
     parser.add_argument("--long-prompt-tokens", type=int, help="long_prompt: the prompt that arrives (default 2048)")
     parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads (the box may be shared)")
@@ -90,15 +95,18 @@ def main(argv: list[str] | None = None) -> int:
         "sizes": vars(sizes), "command": " ".join(sys.argv),
     }}
     for name in args.scenarios.split(","):
-        if name == "decode" and device.type != "cuda":
-            continue  # CUDA graphs and the bandwidth bound mean something only on a GPU
+        if name in ("decode", "kernels") and device.type != "cuda":
+            continue  # graphs, the bandwidth bound and kernel times mean something only on a GPU
         start = time.perf_counter()
         print(f"{name} ...", flush=True)
         scenarios = {**SCENARIOS, "decode": decode, "controls": controls, "structured": structured, "overhead": overhead,
-                     "overlap": overlap}
+                     "overlap": overlap, "kernels": kernels}
         results[name] = scenarios[name](model, sizes, args)
         results[name]["scenario_seconds"] = time.perf_counter() - start
         print(f"{name}: {json.dumps(results[name], default=float)[:400]}", flush=True)
+        # Saved as each scenario ends: a run cut short by a time limit keeps what it measured.
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2, default=float))
     results["targets"] = check_targets(results)
     write_and_report(results, args.json, plot_results)
     return 0

@@ -1,7 +1,8 @@
-"""Paged-KV kernels: references against dense attention, Triton kernels (interpreted on a
-CPU) against the references, and the host wrappers' argument checks."""
+"""Paged-KV kernels: references against dense attention, Triton kernels (on a GPU, or interpreted
+on a CPU) against the references, and the host wrappers' argument checks."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -28,6 +29,12 @@ from kernels.prefill_attention import (
 
 ATOL, RTOL = 1e-4, 1e-3
 TABLE_PAD = -1  # table entries past a sequence's blocks; kernels must never read them
+# Where the Triton-against-reference tests run: the GPU when there is one, else the interpreter.
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+
+
+def _on_kernel_device(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tuple(t.to(KERNEL_DEVICE) for t in tensors)
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -128,6 +135,8 @@ def test_write_kv_triton_matches_ref(block_size: int, index_dtype: torch.dtype) 
     k, v = fused[:, :num_kv_heads], fused[:, num_kv_heads:]
     slots = torch.randperm(5 * block_size, generator=gen)[:num_tokens].to(index_dtype)
     slots[[1, 6]] = -1
+    k_cache, v_cache, fused, slots = _on_kernel_device(k_cache, v_cache, fused, slots)
+    k, v = fused[:, :num_kv_heads], fused[:, num_kv_heads:]
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
 
     write_kv_ref(k, v, ref_k, ref_v, slots)
@@ -163,7 +172,9 @@ def test_decode_ref_agrees_with_prefill_ref_for_one_token_chunks() -> None:
     [(1, 16, 16), (4, 16, 8), (4, 64, 32), (2, 24, 1)],
 )
 def test_decode_triton_matches_ref(group: int, head_dim: int, block_size: int) -> None:
-    q, k_cache, v_cache, tables, lens = _decode_case([1, 37, 16, 83], group, head_dim, block_size, seed=3)
+    q, k_cache, v_cache, tables, lens = _on_kernel_device(
+        *_decode_case([1, 37, 16, 83], group, head_dim, block_size, seed=3)
+    )
     expected = paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.2)
     out = paged_decode_attention_triton(q, k_cache, v_cache, tables, lens, 0.2, num_splits=1)
     torch.testing.assert_close(out, expected, atol=ATOL, rtol=RTOL)
@@ -173,7 +184,7 @@ def test_decode_triton_matches_ref(group: int, head_dim: int, block_size: int) -
 def test_decode_triton_split_k_matches_ref(num_splits: int | None) -> None:
     # 300 tokens over 5 partitions of whole 64-token tiles: one partition runs short and,
     # for the 20-token sequence, most are empty.
-    q, k_cache, v_cache, tables, lens = _decode_case([300, 20], 4, 16, 16, seed=4)
+    q, k_cache, v_cache, tables, lens = _on_kernel_device(*_decode_case([300, 20], 4, 16, 16, seed=4))
     expected = paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.2)
     out = paged_decode_attention_triton(q, k_cache, v_cache, tables, lens, 0.2, num_splits=num_splits)
     torch.testing.assert_close(out, expected, atol=ATOL, rtol=RTOL)
@@ -181,7 +192,7 @@ def test_decode_triton_split_k_matches_ref(num_splits: int | None) -> None:
 
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_decode_zero_length_sequence_gives_zeros(num_splits: int) -> None:
-    q, k_cache, v_cache, tables, lens = _decode_case([40, 1], 2, 16, 16, seed=5)
+    q, k_cache, v_cache, tables, lens = _on_kernel_device(*_decode_case([40, 1], 2, 16, 16, seed=5))
     lens[1] = 0  # a padding row of a fixed-size batch
     ref = paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.2)
     out = paged_decode_attention_triton(q, k_cache, v_cache, tables, lens, 0.2, num_splits=num_splits)
@@ -191,7 +202,9 @@ def test_decode_zero_length_sequence_gives_zeros(num_splits: int) -> None:
 
 
 def test_decode_triton_half_precision_close_to_ref() -> None:
-    q, k_cache, v_cache, tables, lens = _decode_case([45, 130], 4, 16, 16, seed=6, dtype=torch.float16)
+    q, k_cache, v_cache, tables, lens = _on_kernel_device(
+        *_decode_case([45, 130], 4, 16, 16, seed=6, dtype=torch.float16)
+    )
     expected = paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.25)
     out = paged_decode_attention_triton(q, k_cache, v_cache, tables, lens, 0.25, num_splits=2)
     assert out.dtype == torch.float16
@@ -231,7 +244,9 @@ def test_prefill_triton_matches_ref(group: int, head_dim: int, block_size: int) 
     # Covers: no prefix, a cached prefix, a one-token chunk, an empty chunk, and a chunk
     # spanning several query tiles, each seeing both unmasked and diagonal KV tiles.
     chunks = [(0, 23), (40, 17), (5, 1), (16, 0), (70, 140)]
-    q, k_cache, v_cache, tables, cu, lens = _prefill_case(chunks, group, head_dim, block_size, seed=9)
+    q, k_cache, v_cache, tables, cu, lens = _on_kernel_device(
+        *_prefill_case(chunks, group, head_dim, block_size, seed=9)
+    )
     expected = paged_prefill_attention_ref(q, k_cache, v_cache, tables, cu, lens, 0.2)
     out = paged_prefill_attention_triton(q, k_cache, v_cache, tables, cu, lens, 0.2)
     torch.testing.assert_close(out, expected, atol=ATOL, rtol=RTOL)
@@ -239,7 +254,7 @@ def test_prefill_triton_matches_ref(group: int, head_dim: int, block_size: int) 
 
 def test_prefill_triton_strided_query_view() -> None:
     # q as a view into a fused QKV projection: only its last dim is contiguous.
-    q, k_cache, v_cache, tables, cu, lens = _prefill_case([(3, 9), (0, 12)], 2, 16, 16, seed=10)
+    q, k_cache, v_cache, tables, cu, lens = _on_kernel_device(*_prefill_case([(3, 9), (0, 12)], 2, 16, 16, seed=10))
     fused = torch.cat([q, torch.randn_like(q)], dim=1)
     q_view = fused[:, : q.shape[1]]
     expected = paged_prefill_attention_ref(q, k_cache, v_cache, tables, cu, lens, 0.2)

@@ -7,6 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.rms_norm import add_rms_norm
+from kernels.rope import apply_rope
+from kernels.silu_mul import silu_mul
 from services.worker.engine.attention import (
     AttentionMetadata,
     DecodeGroupMetadata,
@@ -25,10 +28,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, C) -> (T, C)
-        # The mean of squares in float32: bf16 would lose the small channels.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return add_rms_norm(x, None, self.weight, self.eps)[1]
+
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, the norm of it), one kernel on a GPU: the residual stream and this layer's input."""
+        return add_rms_norm(x, delta, self.weight, self.eps)
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:  # (D/2,) float32
@@ -77,13 +81,6 @@ class RotaryEmbedding(nn.Module):
         return cos, sin
 
 
-def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotate each head of x (T, H, D) by its token's angles; the math in float32."""
-    cos, sin = rope  # (T, 1, D/2) each
-    x1, x2 = x.float().chunk(2, dim=-1)  # (T, H, D/2) each
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
-
-
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -107,7 +104,7 @@ class Attention(nn.Module):
         q = q.view(T, self.num_heads, self.head_dim)  # (T, Hq, D)
         k = k.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         v = v.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if kv_cache is None:
             out = causal_attention(q, k, v, self.scale)
         else:
@@ -123,8 +120,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, C) -> (T, C)
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)  # (T, I) each
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))  # (T, 2I) -> (T, I) -> (T, C)
 
 
 class DecoderLayer(nn.Module):
@@ -137,13 +133,17 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # (T, C)
+        x: torch.Tensor,  # (T, C) the residual stream, less the last layer's output
+        delta: torch.Tensor | None,  # (T, C) the last layer's output, None before the first layer
         rope: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata | DecodeGroupMetadata | None,
         kv_cache: KVCache | None,
-    ) -> torch.Tensor:  # (T, C)
-        x = x + self.self_attn(self.input_layernorm(x), rope, meta, kv_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (x, delta) for the next layer
+        """x + attn(norm(x)), then + mlp(norm(x)); each residual add is left to the norm after it,
+        which does both in one kernel on a GPU."""
+        x, h = self.input_layernorm.add_and_norm(x, delta)
+        x, h = self.post_attention_layernorm.add_and_norm(x, self.self_attn(h, rope, meta, kv_cache))
+        return x, self.mlp(h)
 
 
 class LlamaModel(nn.Module):
@@ -169,10 +169,10 @@ class LlamaModel(nn.Module):
         kv_caches: list[KVCache],  # one per layer
     ) -> torch.Tensor:  # (T, C) final-normed hidden states
         rope = self.rotary(positions)
-        x = self.embed_tokens(input_ids)  # (T, C)
+        x, delta = self.embed_tokens(input_ids), None  # (T, C)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, rope, meta, kv_cache)
-        return self.norm(x)
+            x, delta = layer(x, delta, rope, meta, kv_cache)
+        return self.norm.add_and_norm(x, delta)[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, C) -> (N, V) float32
         if self.lm_head is None:
@@ -183,10 +183,10 @@ class LlamaModel(nn.Module):
     def dense_forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, V) float32
         """One sequence from position 0, no cache: what the paged path must reproduce."""
         rope = self.rotary(torch.arange(input_ids.shape[0], device=input_ids.device))
-        x = self.embed_tokens(input_ids)  # (T, C)
+        x, delta = self.embed_tokens(input_ids), None  # (T, C)
         for layer in self.layers:
-            x = layer(x, rope, None, None)
-        return self.compute_logits(self.norm(x))
+            x, delta = layer(x, delta, rope, None, None)
+        return self.compute_logits(self.norm.add_and_norm(x, delta)[1])
 
 
 def allocate_kv_cache(
