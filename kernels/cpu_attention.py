@@ -191,8 +191,8 @@ def decode_group_attention(
     k_cache: torch.Tensor,  # (num_blocks, block_size, Hkv, D)
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # (n,) int64 flat slots of the new tokens
-    blocks: torch.Tensor,  # (n, NB) int64: each sequence's first NB blocks (PAD_BLOCK past its table)
-    visible: torch.Tensor,  # (n, 1, 1, NB * block_size) bool: positions within each context
+    read_slots: torch.Tensor,  # (n, S) int64: the flat slot of each position read (PAD_BLOCK's past a table)
+    visible: torch.Tensor,  # (n, 1, 1, S) bool: positions within each context
     scale: float,
 ) -> torch.Tensor:  # (n, Hq, D)
     """Write this step's K/V, then attend: one decode group in plain tensor operations (no plan, no
@@ -204,16 +204,18 @@ def decode_group_attention(
     query rows per head it cost more than the arithmetic (SmolLM2 float32 through the compiled
     graphs, 2-core AVX-512 EPYC, one process, rounds taking turns: 64 rows at context 104 131.7 ms a
     step against 179.4 with two products, 16 rows at 300 72.1 against 101.1, one row at 600 17.9
-    against 26.6)."""
-    block_size, num_kv_heads, head_dim = k_cache.shape[1:]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
-    n, num_blocks = blocks.shape
+    against 26.6). Positions are read by their flat slots, worked out on the host: indexing by block
+    made every load divide its position by the block size and look its block up (at 64 rows 2x the
+    time, the attention alone compiled)."""
+    num_kv_heads, head_dim = k_cache.shape[2:]
+    k_flat, v_flat = k_cache.view(-1, num_kv_heads, head_dim), v_cache.view(-1, num_kv_heads, head_dim)
+    k_flat.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_flat.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    n, length = read_slots.shape
     num_q_heads = q.shape[1]
-    length = num_blocks * block_size
     # In float32 whatever the cache's dtype: compiled, the conversion happens as each value is loaded.
-    keys = k_cache[blocks].float().view(n, length, num_kv_heads, 1, head_dim)  # (n, S, Hkv, 1, D)
-    values = v_cache[blocks].float().view(n, length, num_kv_heads, 1, head_dim)
+    keys = k_flat[read_slots].float().view(n, length, num_kv_heads, 1, head_dim)  # (n, S, Hkv, 1, D)
+    values = v_flat[read_slots].float().view(n, length, num_kv_heads, 1, head_dim)
     queries = q.float().view(n, 1, num_kv_heads, num_q_heads // num_kv_heads, head_dim)  # (n, 1, Hkv, G, D)
     scores = (queries * keys).sum(-1) * scale  # (n, S, Hkv, G)
     weights = torch.softmax(scores.masked_fill(~visible.view(n, length, 1, 1), float("-inf")), dim=1)

@@ -350,11 +350,12 @@ def test_a_decode_group_writes_then_attends_like_the_ref(dtype: torch.dtype) -> 
     last = lens.long() - 1
     slots = tables.long().gather(1, (last // block_size)[:, None])[:, 0] * block_size + last % block_size
     blocks = tables.long().masked_fill(tables == TABLE_PAD, PAD_BLOCK)
-    visible = (torch.arange(blocks.shape[1] * block_size)[None] < lens[:, None])[:, None, None, :]
+    read_slots = (blocks[:, :, None] * block_size + torch.arange(block_size)).flatten(1)  # (n, S)
+    visible = (torch.arange(read_slots.shape[1])[None] < lens[:, None])[:, None, None, :]
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
     write_kv_ref(k, v, expected_k, expected_v, slots)
     expected = paged_decode_attention_ref(q.float(), expected_k.float(), expected_v.float(), tables, lens, 0.2)
-    out = decode_group_attention(q, k, v, k_cache, v_cache, slots, blocks, visible, 0.2)
+    out = decode_group_attention(q, k, v, k_cache, v_cache, slots, read_slots, visible, 0.2)
     assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
     atol, rtol = (ATOL, RTOL) if dtype == torch.float32 else (1e-2, 1e-2)
     assert out.dtype == dtype

@@ -52,8 +52,8 @@ class DecodeGroupMetadata:
     whole blocks, the positions past each one masked: tensors only, what a compiled graph takes."""
 
     slot_mapping: torch.Tensor  # (N,) int64: where each new token's K/V goes
-    blocks: torch.Tensor  # (N, NB) int64: each sequence's first NB blocks; past its table, the null block
-    visible: torch.Tensor  # (N, 1, 1, NB * block_size) bool: True within the sequence's context
+    read_slots: torch.Tensor  # (N, S) int64: the slot of each position read; past its table, the null block's
+    visible: torch.Tensor  # (N, 1, 1, S) bool: True within the sequence's context
 
 
 def paged_attention(
@@ -67,7 +67,8 @@ def paged_attention(
 ) -> torch.Tensor:  # (T, Hq, D)
     """Store this step's K/V in the cache, then attend over each sequence's whole cached context."""
     if isinstance(meta, DecodeGroupMetadata):
-        return decode_group_attention(q, k, v, k_cache, v_cache, meta.slot_mapping, meta.blocks, meta.visible, scale)
+        return decode_group_attention(q, k, v, k_cache, v_cache, meta.slot_mapping, meta.read_slots, meta.visible,
+                                      scale)
     if not q.is_cuda:
         plan = meta.cpu_plan(k_cache.shape[1])
         write_kv_cpu(k, v, k_cache, v_cache, plan)

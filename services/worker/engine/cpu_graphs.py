@@ -66,10 +66,14 @@ class GraphPlan:
 # the oneDNN graph took 152 ms, the eager step 188 and the autotuned graph 298 (another run).
 # A quantized graph kept its autotuned kernels' lead at every batch (w8a8 at 64 rows: 93 against
 # 134 ms eagerly), so it takes them all.
-AUTOTUNED = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+# Every graph's weights are frozen in. Its indirect loads (the KV cache's slots) index by the engine's
+# own block tables, not by anything a request carries, so they go unchecked: a bounds check on each
+# load of the attention's keys and values cost as much as a third of its time.
+FROZEN = {"freezing": True, "assert_indirect_indexing": False}
+AUTOTUNED = {**FROZEN, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 FEW_ROWS = GraphPlan(max_rows=5, inductor_options=AUTOTUNED, warmup_batches=(1, 2))
 MANY_ROWS = GraphPlan(
-    max_rows=None, inductor_options={"freezing": True}, warmup_batches=(8,), eager_packed_weights=True
+    max_rows=None, inductor_options=FROZEN, warmup_batches=(8,), eager_packed_weights=True
 )
 QUANTIZED = GraphPlan(max_rows=None, inductor_options=AUTOTUNED, warmup_batches=(1, 2))
 # Bfloat16 needs no few-rows module: oneDNN's products beat the autotuned kernels at every batch.
@@ -77,7 +81,7 @@ QUANTIZED = GraphPlan(max_rows=None, inductor_options=AUTOTUNED, warmup_batches=
 # 13.8, 13.4, 13.8; 4 rows 10.6, 10.8, 10.7 against 19.9, 19.2, 19.0 (the autotuned kernels are
 # timed on weights that fit in the cache, where a step reads them from memory). Float32's one row
 # is the other way round there too: 17.8, 17.1 against 33.9, 30.7.
-BFLOAT16 = GraphPlan(max_rows=None, inductor_options={"freezing": True}, warmup_batches=(1, 8))
+BFLOAT16 = GraphPlan(max_rows=None, inductor_options=FROZEN, warmup_batches=(1, 8))
 MIN_BLOCKS = 2  # a group reads at least two blocks: a width of one would be a third specialisation
 # The warm-up's block width. Sizes equal at compile time are taken to be equal for good (duck
 # shaping), so it differs from the batch sizes above; the caches' sizes are marked static.
@@ -126,10 +130,11 @@ def decode_group(meta: AttentionMetadata, block_size: int) -> DecodeGroupMetadat
     blocks = np.full((tables.shape[0], num_blocks), NULL_BLOCK_ID, dtype=np.int64)
     width = min(num_blocks, tables.shape[1])
     blocks[:, :width] = tables[:, :width]
+    read_slots = (blocks[:, :, None] * block_size + np.arange(block_size)).reshape(len(blocks), -1)  # (N, S)
     visible = np.arange(num_blocks * block_size)[None, :] < contexts[:, None]  # (N, S)
     return DecodeGroupMetadata(
         slot_mapping=meta.slot_mapping,
-        blocks=torch.from_numpy(blocks),
+        read_slots=torch.from_numpy(read_slots),
         visible=torch.from_numpy(visible)[:, None, None, :],
     )
 
