@@ -118,6 +118,20 @@ def test_the_graphs_write_the_kv_cache_as_the_eager_path_does(engines) -> None:
         torch.testing.assert_close(v_ours[1:], v_ref[1:], rtol=1e-4, atol=1e-5)
 
 
+def test_a_graph_call_wraps_no_python_number_in_a_tensor(engines) -> None:
+    """The model's floats (epsilons, the attention's scale) are traced as constants, not made inputs
+    that every call would first wrap in tensors (half the call of a model with little arithmetic)."""
+    _, compiled = engines
+    graphs = compiled.runner.decode_graphs
+    assert graphs.wait(timeout=600)
+    args = graphs._warmup_args(1)
+    with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"), torch.profiler.profile() as profile:
+        graphs.compiled[0](*args)
+    names = [event.name for event in profile.events()]
+    assert any(name.startswith("Torch-Compiled Region") for name in names)  # the graph ran
+    assert "aten::lift_fresh" not in names  # what torch.tensor(number) leaves
+
+
 def test_a_step_the_graphs_do_not_take_runs_eagerly_with_the_same_tokens(engines) -> None:
     eager, compiled = engines
     assert compiled.runner.decode_graphs.wait(timeout=600)
