@@ -36,9 +36,12 @@ class Heads:
 class KernelSizes:
     """Decode batches at contexts drawn from [context // 2, context]; prefill chunks of `chunk`
     tokens after `prefix` cached ones; KV writes, and the fused elementwise kernels, of one token
-    and of as many as the largest decode batch."""
+    and of as many as the largest decode batch. One sequence's decode is also run with its context
+    cut into each of one_sequence_splits partitions, beside the default's choice: one sequence
+    leaves most of a GPU idle, and the default never cuts partitions shorter than 256 tokens."""
 
     decode_batches: tuple[int, ...] = (1, 64, 256)
+    one_sequence_splits: tuple[int, ...] = (16, 32)
     context: int = 2048
     prefill_seqs: int = 4
     prefix: int = 1536
@@ -82,7 +85,7 @@ def _tables(context_lens: torch.Tensor, num_blocks: int, gen: torch.Generator) -
 
 
 def _compare(name: str, kernel: Callable[[], torch.Tensor], ref: Callable[[], torch.Tensor], device: torch.device,
-             timed: tuple[Callable[[], object], Callable[[], object]] | None = None, **shape: int) -> dict:
+             timed: tuple[Callable[[], object], Callable[[], object]] | None = None, **shape: int | None) -> dict:
     """timed: what to time of each side, when it is not the whole of what gives the output."""
     out, expected = kernel(), ref()
     timed_kernel, timed_ref = timed or (kernel, ref)
@@ -91,7 +94,8 @@ def _compare(name: str, kernel: Callable[[], torch.Tensor], ref: Callable[[], to
             "kernel_launched_ms": median_ms(timed_kernel, device), "reference_ms": median_ms(timed_ref, device)}
 
 
-def decode_case(heads: Heads, batch: int, context: int, gen: torch.Generator) -> dict:
+def decode_case(heads: Heads, batch: int, context: int, gen: torch.Generator, num_splits: int | None = None) -> dict:
+    """num_splits: context partitions forced on the kernel; None, the default's choice."""
     lens = torch.randint(context // 2, context + 1, (batch,), generator=gen, device=heads.device, dtype=torch.int32)
     num_blocks = int(((lens + BLOCK_SIZE - 1) // BLOCK_SIZE).sum()) + 1
     k_cache, v_cache = _cache(heads, num_blocks, gen)
@@ -99,8 +103,10 @@ def decode_case(heads: Heads, batch: int, context: int, gen: torch.Generator) ->
     q = torch.randn(batch, heads.num_q_heads, heads.head_dim, generator=gen, device=heads.device).to(heads.dtype)
     scale = heads.head_dim**-0.5
     args = (q, k_cache, v_cache, tables, lens, scale)
-    return _compare("decode_attention", lambda: paged_decode_attention_triton(*args),
-                    lambda: paged_decode_attention_ref(*args), heads.device, batch=batch, max_context=context)
+    forced = {} if num_splits is None else {"num_splits": num_splits}
+    return _compare("decode_attention", lambda: paged_decode_attention_triton(*args, **forced),
+                    lambda: paged_decode_attention_ref(*args), heads.device, batch=batch, max_context=context,
+                    num_splits=num_splits)
 
 
 def prefill_case(heads: Heads, num_seqs: int, prefix: int, chunk: int, gen: torch.Generator) -> dict:
@@ -161,6 +167,7 @@ def elementwise_cases(heads: Heads, num_tokens: int, gen: torch.Generator) -> li
 def kernel_checks(heads: Heads, sizes: KernelSizes, seed: int = 0) -> list[dict]:
     gen = torch.Generator(device=heads.device).manual_seed(seed)
     rows = [decode_case(heads, batch, sizes.context, gen) for batch in sizes.decode_batches]
+    rows += [decode_case(heads, 1, sizes.context, gen, splits) for splits in sizes.one_sequence_splits]
     rows.append(prefill_case(heads, sizes.prefill_seqs, sizes.prefix, sizes.chunk, gen))
     rows.append(prefill_case(heads, 1, 0, sizes.prefix + sizes.chunk, gen))  # one whole prompt
     rows.append(kv_write_case(heads, max(sizes.decode_batches), gen))
