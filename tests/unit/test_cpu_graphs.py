@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 
+from services.worker.engine import cpu_graphs
 from services.worker.engine.attention import AttentionMetadata
 from services.worker.engine.cpu_graphs import BFLOAT16, FEW_ROWS, MANY_ROWS, MIN_BLOCKS, QUANTIZED, decode_group
 from services.worker.engine.cpu_linear import use_cpu_linear_
@@ -51,8 +52,15 @@ def test_a_short_context_still_reads_two_blocks() -> None:
     assert group.read_slots.tolist() == [[4 * BLOCK + i for i in range(BLOCK)] + list(range(BLOCK))]
 
 
-def test_prompt_chunks_and_spread_contexts_are_not_a_group() -> None:
-    assert decode_group(decode_meta([10, 21], [[1], [2, 3]]), BLOCK) is None  # 21 > 2 x 10: eager groups them apart
+def test_contexts_far_apart_are_a_group_while_padding_the_short_ones_reads_few_positions() -> None:
+    group = decode_group(decode_meta([10, 21], [[1], [2, 3]]), BLOCK)  # 21 > 2 x 10, 33 positions padded
+    assert group is not None and group.visible[:, 0, 0, :].sum(dim=1).tolist() == [10, 21]
+    longest = cpu_graphs.MAX_PADDED_POSITIONS + 100
+    blocks = list(range(2, 2 + -(-longest // BLOCK)))
+    assert decode_group(decode_meta([10, longest], [[1], blocks]), BLOCK) is None  # padding 10 to it: eagerly
+
+
+def test_prompt_chunks_are_not_a_group() -> None:
     chunk = decode_meta([10], [[1]])
     chunk.max_query_len = 4
     assert decode_group(chunk, BLOCK) is None
@@ -132,11 +140,24 @@ def test_a_graph_call_wraps_no_python_number_in_a_tensor(engines) -> None:
     assert "aten::lift_fresh" not in names  # what torch.tensor(number) leaves
 
 
-def test_a_step_the_graphs_do_not_take_runs_eagerly_with_the_same_tokens(engines) -> None:
+def test_contexts_far_apart_run_the_graph_padded_with_the_eager_tokens(engines) -> None:
     eager, compiled = engines
     assert compiled.runner.decode_graphs.wait(timeout=600)
-    spread = [list(range(5, 12)), list(range(20, 80))]  # contexts 7 and 60: two groups, eager
+    spread = [list(range(5, 12)), list(range(20, 80))]  # contexts 7 and 60: two groups eagerly, one padded here
+    before = compiled.load().graph_steps
+    assert run(compiled, spread, "padded") == run(eager, spread, "padded")
+    assert compiled.load().graph_steps >= before + GREEDY.max_tokens - 1
+
+
+def test_a_step_the_graphs_do_not_take_runs_eagerly_with_the_same_tokens(engines, monkeypatch) -> None:
+    eager, compiled = engines
+    graphs = compiled.runner.decode_graphs
+    assert graphs.wait(timeout=600)
+    monkeypatch.setattr(cpu_graphs, "MAX_PADDED_POSITIONS", 0)  # contexts 7 and 60 are then no group
+    spread = [list(range(5, 12)), list(range(20, 80))]
+    before = compiled.load().graph_steps
     assert run(compiled, spread, "spread") == run(eager, spread, "spread")
+    assert compiled.load().graph_steps - before < GREEDY.max_tokens - 1  # the steps of both ran eagerly
 
 
 def test_two_compiled_engines_in_one_process_keep_their_own_weights(tiny: LlamaModel, one_torch_thread) -> None:
