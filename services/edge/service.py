@@ -246,7 +246,13 @@ class EdgeService:
             partition = placed[1] if placed else None  # None: the key's default partition
             delivery = await self._producer.send(self.topics.requests, payload, key=request_id.encode(), partition=partition)
             self.metrics.hops.observe(Hop.ADMISSION, time.perf_counter() - received)  # the record's CreateTime is now
-            await delivery
+            try:
+                async with asyncio.timeout(self.settings.admit_timeout_s):
+                    await delivery
+            except TimeoutError:
+                # Not failed, only late: should Kafka take it after all, a cancel follows it to its worker.
+                self._spawn(self._cancel_late(request_id))
+                raise
             self.metrics.chats.labels(self.tier_of(conn.tenant)).inc()
         except (RedisError, KafkaError, OSError) as exc:
             log.warning("could not admit chat %s: %r", request_id, exc)
@@ -293,6 +299,12 @@ class EdgeService:
         except KafkaError as exc:
             conn.close_chat(frame.request_id)
             raise ProtocolError(ErrorCode.UNAVAILABLE, "cannot resume now; retry", frame.id) from exc
+
+    async def _cancel_late(self, request_id: str) -> None:
+        try:
+            await self._cancel_by_epoch({request_id: 0})  # its first epoch: a resume since is left alone
+        except KafkaError as exc:
+            log.debug("no cancel for %s, which Kafka did not take in time: %r", request_id, exc)
 
     async def _cancel_by_epoch(self, epochs: dict[str, int]) -> None:
         by_epoch: dict[int, list[str]] = defaultdict(list)

@@ -1,0 +1,51 @@
+"""The broker stops answering but keeps its connections open (a frozen host, a partition that drops
+packets): a chat admitted meanwhile ends with a retryable `unavailable` within the edge's
+`admit_timeout_s`, not a socket held until the edge's drain gives up on it, and chats are served
+again once the broker answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+from services.edge.settings import EdgeSettings
+from shared.chat_client import ChatSocket
+from shared.infra import kafka
+from shared.infra.command import create_topics
+from shared.topics import TopicLayout
+from tests.conftest import start_fleet
+
+ADMIT_TIMEOUT_S = EdgeSettings.model_fields["admit_timeout_s"].default
+SLACK_S = 3.0  # the refusal's trip back, on a loaded machine
+
+
+async def test_a_chat_is_refused_in_time_while_the_broker_is_silent(own_broker, fleet_logs, monkeypatch):
+    layout = TopicLayout(prefix=f"silent-{int(time.time())}", requests_partitions=2, tokens_partitions=2)
+    create_topics(own_broker, layout)
+    monkeypatch.setenv("DRIVETRAIN_KAFKA_BOOTSTRAP", own_broker.kafka_bootstrap)
+    fleet = start_fleet(layout, fleet_logs, model="echo", edges=1, routers=1, workers=1)
+    broker = kafka.broker_pid(own_broker)
+    assert broker is not None
+    sock = await ChatSocket.open(fleet.spec.chat_url(0))
+    try:
+        os.kill(broker, signal.SIGSTOP)
+        sent = time.monotonic()
+        await sock.chat("silent", "nobody takes this")
+        result = await sock.collect("silent", timeout=ADMIT_TIMEOUT_S + SLACK_S)
+        assert time.monotonic() - sent < ADMIT_TIMEOUT_S + SLACK_S
+        assert [frame["type"] for frame in result.frames] == ["accepted", "error"], result.frames
+        assert result.final is not None
+        assert (result.final["code"], result.final["retryable"]) == ("unavailable", True), result.final
+
+        os.kill(broker, signal.SIGCONT)
+        await sock.chat("back", "the broker answers again")
+        served = await sock.collect("back", timeout=30)
+        assert served.final is not None and served.final["type"] == "done", served.frames[-1:]
+        assert served.text == "the broker answers again"
+    finally:
+        os.kill(broker, signal.SIGCONT)  # stopped or not, so the teardown can stop it
+        await sock.close()
+        await asyncio.to_thread(fleet.stop)
