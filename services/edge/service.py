@@ -72,6 +72,8 @@ POLICY_VIOLATION = 1008
 DRAINING = "this edge is stopping; reconnect (to another edge) and retry"
 WORKER_LEFT_GRACE_S = 2.0  # a worker that left in good order sent its streams' endings first: let them arrive
 DRAIN_POLL_S = 0.1
+# Kafka failed a record, or did not take it within admit_timeout_s (asyncio's TimeoutError).
+KAFKA_DOWN = (KafkaError, TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,10 @@ class EdgeService:
         self.regions.close_connection(conn.conn_id)  # relayed chats cannot be resumed: cancelled at once
         await self.tenancy.end_socket(conn.conn_id)
         if not grace:
-            await self._cancel_by_epoch({chat.request_id: chat.epoch for chat in conn.chats()})
+            try:
+                await self._cancel_by_epoch({chat.request_id: chat.epoch for chat in conn.chats()})
+            except KAFKA_DOWN as exc:  # its worker runs on to the end, with nobody to send to
+                log.warning("could not cancel the chats of %s: %r", conn.conn_id, exc)
             for chat in conn.chats():
                 await self.tenancy.end_stream(chat.request_id)
             return
@@ -273,7 +278,7 @@ class EdgeService:
         # epoch is the one this socket holds the stream at: a cancel never reaches past a resume.
         try:
             await self._cancel_by_epoch({chat.request_id: chat.epoch})
-        except KafkaError as exc:
+        except KAFKA_DOWN as exc:
             raise ProtocolError(ErrorCode.UNAVAILABLE, "cannot cancel now; retry", chat_id) from exc
 
     async def resume_chat(self, conn: Connection, frame: ResumeFrame) -> None:
@@ -295,15 +300,15 @@ class EdgeService:
             frame.request_id, epoch, self.settings.edge_id, conn.conn_id, next_seq, old.edge_id, old.conn_id
         )
         try:
-            await self._producer.send_and_wait(self.topics.control, self._seal.encode(self.topics.control, move))
-        except KafkaError as exc:
+            await self._publish_control(move)
+        except KAFKA_DOWN as exc:
             conn.close_chat(frame.request_id)
             raise ProtocolError(ErrorCode.UNAVAILABLE, "cannot resume now; retry", frame.id) from exc
 
     async def _cancel_late(self, request_id: str) -> None:
         try:
             await self._cancel_by_epoch({request_id: 0})  # its first epoch: a resume since is left alone
-        except KafkaError as exc:
+        except KAFKA_DOWN as exc:
             log.debug("no cancel for %s, which Kafka did not take in time: %r", request_id, exc)
 
     async def _cancel_by_epoch(self, epochs: dict[str, int]) -> None:
@@ -311,8 +316,12 @@ class EdgeService:
         for request_id, epoch in epochs.items():
             by_epoch[epoch].append(request_id)
         for epoch, request_ids in by_epoch.items():
-            cancel = wire.Cancel(request_ids, epoch)
-            await self._producer.send_and_wait(self.topics.control, self._seal.encode(self.topics.control, cancel))
+            await self._publish_control(wire.Cancel(request_ids, epoch))
+
+    async def _publish_control(self, message: wire.Cancel | wire.Resume) -> None:
+        """Waits for Kafka no longer than a new chat does: TimeoutError past that."""
+        async with asyncio.timeout(self.settings.admit_timeout_s):
+            await self._producer.send_and_wait(self.topics.control, self._seal.encode(self.topics.control, message))
 
     # Liveness ----------------------------------------------------------------------------
     def load(self) -> EdgeLoad:

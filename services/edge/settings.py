@@ -76,7 +76,7 @@ class EdgeSettings(ServiceSettings, ServedModel):
     progress_timeout_s: float = 30.0
     """a started chat silent this long fails with worker_lost"""
     admit_timeout_s: Annotated[float, Field(gt=0)] = 5.0
-    """how long a new chat waits for Kafka to take its request before it is refused as unavailable (retryable), so a broker that stops answering holds no socket; a request Kafka takes later is cancelled"""
+    """how long a new chat (or a cancel, a resume) waits for Kafka to take its record before it is refused as unavailable (retryable), so a broker that stops answering holds no socket; a request Kafka takes later is cancelled"""
     start_timeout_s: float = 120.0
     """a chat no worker starts within this fails with no_worker"""
     resume_grace_s: float = 10.0

@@ -1,7 +1,7 @@
 """The broker stops answering but keeps its connections open (a frozen host, a partition that drops
-packets): a chat admitted meanwhile ends with a retryable `unavailable` within the edge's
-`admit_timeout_s`, not a socket held until the edge's drain gives up on it, and chats are served
-again once the broker answers.
+packets): a chat admitted meanwhile, or a cancel, is answered with a retryable `unavailable` within
+the edge's `admit_timeout_s`, not a socket held until the edge's drain gives up on it, and chats are
+served again once the broker answers.
 """
 
 from __future__ import annotations
@@ -26,19 +26,25 @@ async def test_a_chat_is_refused_in_time_while_the_broker_is_silent(own_broker, 
     layout = TopicLayout(prefix=f"silent-{int(time.time())}", requests_partitions=2, tokens_partitions=2)
     create_topics(own_broker, layout)
     monkeypatch.setenv("DRIVETRAIN_KAFKA_BOOTSTRAP", own_broker.kafka_bootstrap)
-    fleet = start_fleet(layout, fleet_logs, model="echo", edges=1, routers=1, workers=1)
+    fleet = start_fleet(layout, fleet_logs, model="echo", edges=1, routers=1, workers=1, echo_delay_ms=20)
     broker = kafka.broker_pid(own_broker)
     assert broker is not None
     sock = await ChatSocket.open(fleet.spec.chat_url(0))
     try:
+        await sock.chat("long", " ".join(f"w{i}" for i in range(300)))  # 6 s of tokens
+        assert (await sock.next_frame("long"))["type"] == "accepted"
+        assert (await sock.next_frame("long"))["type"] == "token"
         os.kill(broker, signal.SIGSTOP)
         sent = time.monotonic()
+        await sock.send({"type": "cancel", "id": "long"})
         await sock.chat("silent", "nobody takes this")
+        # A socket's frames are taken one after the other: the cancel's answer, then the chat's.
+        cancel = await sock.collect("long", timeout=ADMIT_TIMEOUT_S + SLACK_S)  # tokens sent before, then this
+        assert unavailable(cancel.final)
         result = await sock.collect("silent", timeout=ADMIT_TIMEOUT_S + SLACK_S)
-        assert time.monotonic() - sent < ADMIT_TIMEOUT_S + SLACK_S
         assert [frame["type"] for frame in result.frames] == ["accepted", "error"], result.frames
-        assert result.final is not None
-        assert (result.final["code"], result.final["retryable"]) == ("unavailable", True), result.final
+        assert unavailable(result.final)
+        assert time.monotonic() - sent < 2 * ADMIT_TIMEOUT_S + SLACK_S
 
         os.kill(broker, signal.SIGCONT)
         await sock.chat("back", "the broker answers again")
@@ -49,3 +55,7 @@ async def test_a_chat_is_refused_in_time_while_the_broker_is_silent(own_broker, 
         os.kill(broker, signal.SIGCONT)  # stopped or not, so the teardown can stop it
         await sock.close()
         await asyncio.to_thread(fleet.stop)
+
+
+def unavailable(final: dict | None) -> bool:
+    return final is not None and (final["type"], final["code"], final["retryable"]) == ("error", "unavailable", True)
