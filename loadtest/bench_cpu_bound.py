@@ -1,0 +1,120 @@
+"""How fast a workload of the peer benchmark could run on this CPU if every float32 multiply ran at
+the cores' peak, against what Drivetrain and llama.cpp measured in a run of `bench_peers.py`.
+
+The products of a step are the model's weights times its rows: 2 x weights FLOPs a row (the output
+layer only for rows that are sampled). Attention, norms and the host's work are left out, so the
+bound is generous: no engine doing the same arithmetic in float32 can beat it. The peak is the
+fastest of square and of the model's own products timed here (PyTorch's matmul, the benchmark's
+threads, median of repeats).
+
+    python loadtest/bench_cpu_bound.py --peers loadtest/results/peers_cpu_f32_constant_floats.json \\
+        --json loadtest/results/cpu_bound_64.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from shared.models.shapes import ModelConfig
+from shared.models.spec import resolve_model
+
+REPEATS = 15
+SQUARE = 2048
+
+
+def weights_per_row(config: ModelConfig) -> tuple[int, int]:
+    """(multiplies of one row through the layers, multiplies of one row through the output layer)."""
+    hidden, inner = config.hidden_size, config.intermediate_size
+    q_out, kv_out = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    per_layer = hidden * (q_out + 2 * kv_out) + q_out * hidden + 3 * hidden * inner
+    return config.num_layers * per_layer, hidden * config.vocab_size
+
+
+def gflops(rows: int, inner: int, cols: int, threads: int) -> float:
+    torch.set_num_threads(threads)
+    a, b = torch.randn(rows, inner), torch.randn(inner, cols)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * rows * inner * cols / statistics.median(times) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=Path, required=True, help="a bench_peers.py JSON with a concurrent workload")
+    parser.add_argument("--workload", default="concurrent_64")
+    parser.add_argument("--peer", default="llama_f32")
+    parser.add_argument("--target", type=float, default=1.5, help="the ratio over the peer asked for")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    peers = json.loads(args.peers.read_text())
+    threads = peers["meta"]["threads"]
+    run = peers["workloads"][args.workload]
+    config = resolve_model("smollm2").config
+    body, head = weights_per_row(config)
+    streams, new_tokens = run["streams"], run["new_tokens"]
+    prompt = (run["prompt_tokens_min"] + run["prompt_tokens_max"]) / 2  # the prompts' mean length, near enough
+    # Every stream's prompt and its new tokens but the last pass through the layers; each new token is sampled.
+    flop = 2 * streams * ((prompt + new_tokens - 1) * body + new_tokens * head)
+    shapes = {"square": (SQUARE, SQUARE, SQUARE), "mlp_up": (streams, config.hidden_size, config.intermediate_size),
+              "mlp_down": (streams, config.intermediate_size, config.hidden_size),
+              "output": (streams, config.hidden_size, config.vocab_size)}
+    rates = {name: gflops(*shape, threads) for name, shape in shapes.items()}
+    peak = max(rates.values())
+    bound_tok_s = streams * new_tokens / (flop / (peak * 1e9))
+    medians = run["median"]
+    peer = medians[args.peer]
+    results = {
+        "meta": {"command": " ".join(["loadtest/bench_cpu_bound.py", *sys.argv[1:]]), "threads": threads,
+                 "torch": torch.__version__, "peers_run": peers["meta"]["command"]},
+        "workload": args.workload,
+        "tflop": flop / 1e12,
+        "gflops": rates,
+        "peak_gflops": peak,
+        "bound_tok_s": bound_tok_s,
+        "measured_tok_s": medians,
+        "needed_tok_s": args.target * peer,
+        "bound_over_peer": bound_tok_s / peer,
+        "target_reachable": bound_tok_s >= args.target * peer,
+        "share_of_bound": {engine: tok_s / bound_tok_s for engine, tok_s in medians.items()},
+    }
+    print(json.dumps(results, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        plot(results, args.json.with_suffix(".png"))
+
+
+def plot(results: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    bars = {**results["measured_tok_s"], "float32 at peak": results["bound_tok_s"], "target": results["needed_tok_s"]}
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    colors = ["#4472c4" if name.startswith("drivetrain") else "#a5a5a5" for name in results["measured_tok_s"]]
+    ax.bar(list(bars), list(bars.values()), color=[*colors, "#70ad47", "#ed7d31"])
+    ax.set_ylabel("useful tok/s")
+    ax.set_title(f"{results['workload']}: measured, the float32 bound, the target")
+    ax.tick_params(axis="x", labelrotation=15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

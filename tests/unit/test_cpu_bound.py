@@ -1,0 +1,19 @@
+"""The float32 bound counts a row's multiplies as the engine's model holds its weights."""
+
+from __future__ import annotations
+
+import torch
+
+from loadtest.bench_cpu_bound import weights_per_row
+from services.worker.engine.model import LlamaModel
+from shared.models.spec import resolve_model
+
+
+def test_a_rows_multiplies_are_the_models_projection_weights():
+    config = resolve_model("tiny").config
+    with torch.device("meta"):
+        model = LlamaModel(config)
+    linears = [m for m in model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    body, head = weights_per_row(config)
+    assert body == sum(m.weight.numel() for m in linears)
+    assert head == model.embed_tokens.weight.numel()  # the output layer, tied or not, has its shape
