@@ -7,6 +7,7 @@ commit by hand after the work is handed on.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -22,6 +23,9 @@ from shared.topics import MAX_RECORD_BYTES
 log = logging.getLogger(__name__)
 
 DEAD_LETTER_LOG_RATE = Rate(per_s=1.0, burst=10)  # a flood of poison must not become a flood of log lines
+# A broker that takes no record and fails none (one that stops answering) holds the parking
+# consumer's loop no longer than this; the record is skipped all the same.
+PARK_WITHIN_S = 5.0
 
 # How long the broker may hold a fetch that finds no data. It adds no latency: a held fetch is
 # answered as soon as a record arrives on any of its partitions (fetch_min_bytes is 1). It sets
@@ -85,6 +89,7 @@ class DeadLetters:
             )
         letter = wire.DeadLetter(record.topic, record.partition, record.offset, self._consumer, reason, record.value or b"")
         try:
-            await self._producer.send_and_wait(self._topic, wire.encode(letter))
-        except KafkaError as exc:  # the broker is away: the record is skipped all the same
+            async with asyncio.timeout(PARK_WITHIN_S):
+                await self._producer.send_and_wait(self._topic, wire.encode(letter))
+        except (KafkaError, TimeoutError) as exc:  # the broker is away or silent: the record is skipped all the same
             log.warning("could not park %s[%d]@%d: %r", record.topic, record.partition, record.offset, exc)

@@ -1,7 +1,8 @@
 """The broker stops answering but keeps its connections open (a frozen host, a partition that drops
 packets): a chat admitted meanwhile, or a cancel, is answered with a retryable `unavailable` within
 the edge's `admit_timeout_s`, not a socket held until the edge's drain gives up on it, and chats are
-served again once the broker answers.
+served again once the broker answers. A record a consumer dead-letters meanwhile is skipped within
+`PARK_WITHIN_S`, not a consuming loop held for good.
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ import os
 import signal
 import time
 
+from aiokafka import ConsumerRecord
+
 from services.edge.settings import EdgeSettings
 from shared.chat_client import ChatSocket
 from shared.infra import kafka
 from shared.infra.command import create_topics
+from shared.kafka_clients import PARK_WITHIN_S, DeadLetters, make_producer
+from shared.service_settings import KafkaSettings
 from shared.topics import TopicLayout
 from tests.conftest import start_fleet
 
@@ -55,6 +60,26 @@ async def test_a_chat_is_refused_in_time_while_the_broker_is_silent(own_broker, 
         os.kill(broker, signal.SIGCONT)  # stopped or not, so the teardown can stop it
         await sock.close()
         await asyncio.to_thread(fleet.stop)
+
+
+async def test_a_record_is_skipped_in_time_when_the_broker_is_silent_to_its_dead_letter(own_broker):
+    layout = TopicLayout(prefix=f"silent-park-{int(time.time())}")
+    create_topics(own_broker, layout)
+    producer = make_producer(KafkaSettings(bootstrap=own_broker.kafka_bootstrap), client_id="parker")
+    await producer.start()
+    letters = DeadLetters(producer, layout.dead_letter, "parker")
+    poison = ConsumerRecord(layout.requests, 0, 7, 0, 0, None, b"\xff not a request", None, 0, 16, ())
+    broker = kafka.broker_pid(own_broker)
+    assert broker is not None
+    try:
+        await letters.park(poison, "garbage")  # a broker that answers takes it
+        os.kill(broker, signal.SIGSTOP)
+        started = time.monotonic()
+        await letters.park(poison, "garbage")
+        assert time.monotonic() - started < PARK_WITHIN_S + SLACK_S
+    finally:
+        os.kill(broker, signal.SIGCONT)
+        await producer.stop()
 
 
 def unavailable(final: dict | None) -> bool:
