@@ -249,10 +249,12 @@ class EdgeService:
             conn.send(AcceptedFrame(frame.id, request_id, resume_token))
             placed = self.placer.place(request_id, conn.tenant, frame.prompt_input(), frame.conversation)
             partition = placed[1] if placed else None  # None: the key's default partition
-            delivery = await self._producer.send(self.topics.requests, payload, key=request_id.encode(), partition=partition)
-            self.metrics.hops.observe(Hop.ADMISSION, time.perf_counter() - received)  # the record's CreateTime is now
             try:
-                async with asyncio.timeout(self.settings.admit_timeout_s):
+                async with asyncio.timeout(self.settings.admit_timeout_s):  # queueing waits for metadata
+                    delivery = await self._producer.send(
+                        self.topics.requests, payload, key=request_id.encode(), partition=partition
+                    )
+                    self.metrics.hops.observe(Hop.ADMISSION, time.perf_counter() - received)  # its CreateTime is now
                     await delivery
             except TimeoutError:
                 # Not failed, only late: should Kafka take it after all, a cancel follows it to its worker.
