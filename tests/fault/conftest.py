@@ -85,14 +85,20 @@ def intact(result: ChatResult, text: str = TEXT) -> bool:
     return result.final["type"] == "done" and result.text == text and seqs == list(range(len(seqs)))
 
 
+# Gossip declares a killed worker dead in 1.2 s (p50; 1.75 s p99, bench_failover.py on a quiet
+# machine); the rest of the bound is for a machine busy with the whole suite (2.07 s seen there).
+WORKER_LOSS_WITHIN_S = 3.0
+
+
 def assert_worker_loss(results: list[ChatResult], killed_at: float) -> None:
     """A worker died at `killed_at` (perf_counter) under these streams: its own ended with a retryable
-    `worker_lost` within 2 s, showing a clean prefix of the reply; the others' finished intact."""
+    `worker_lost` within WORKER_LOSS_WITHIN_S, showing a clean prefix of the reply; the others' finished intact."""
     lost = [r for r in results if r.final["type"] == "error"]
     assert lost and len(lost) < len(results), "both workers should have had streams"
     for result in lost:
         assert result.final["code"] == "worker_lost" and result.final["retryable"] is True
-        assert result.arrivals[-1] - killed_at <= 2.0, f"error after {result.arrivals[-1] - killed_at:.2f} s"
+        waited = result.arrivals[-1] - killed_at
+        assert waited <= WORKER_LOSS_WITHIN_S, f"error after {waited:.2f} s"
         # What was shown before the loss is a clean prefix of the reply: nothing grafted on.
         assert TEXT.startswith(result.text)
     assert all(intact(r) for r in results if r.final["type"] == "done")

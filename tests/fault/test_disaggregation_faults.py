@@ -14,6 +14,7 @@ import pytest
 from services.launcher.fleet import Fleet
 from shared.chat_client import ChatResult, ChatSocket
 from tests.conftest import eventually, start_fleet
+from tests.fault.conftest import WORKER_LOSS_WITHIN_S
 from tests.integration.test_metrics import scrape, value
 
 PROMPT = "Write down every number you know, one after the other, and never stop."
@@ -88,7 +89,8 @@ async def test_a_decode_worker_killed_after_the_handoff_ends_its_streams_fast(ma
     for result in results:
         assert result.final["type"] == "error" and result.final["code"] == "worker_lost", result.final
         assert result.final["retryable"] is True and gap_free(result)
-        assert result.arrivals[-1] - killed_at <= 2.0, f"error after {result.arrivals[-1] - killed_at:.2f} s"
+        waited = result.arrivals[-1] - killed_at
+        assert waited <= WORKER_LOSS_WITHIN_S, f"error after {waited:.2f} s"
 
 
 async def test_a_prefill_worker_killed_during_its_handoff_ends_the_stream_and_the_decoder_holds_nothing(make_pair):

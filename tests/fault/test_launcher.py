@@ -125,50 +125,59 @@ async def keep_chatting(stop: asyncio.Event) -> list[Chat]:
     """A new chat every 0.3 s, alternately on each edge, until told to stop; every one is kept."""
     pending: list[tuple[str, float, asyncio.Task[ChatResult]]] = []
     n = 0
-    while not stop.is_set():
-        text = f"still here {n}"
-        started_at = time.perf_counter()
-        pending.append((text, started_at, asyncio.create_task(chat_once(SPEC.chat_url(n % 2), text))))
-        n += 1
-        try:
-            await asyncio.wait_for(stop.wait(), 0.3)
-        except TimeoutError:
-            pass
-    return [Chat(text, started_at, await task) for text, started_at, task in pending]
+    try:
+        while not stop.is_set():
+            text = f"still here {n}"
+            started_at = time.perf_counter()
+            pending.append((text, started_at, asyncio.create_task(chat_once(SPEC.chat_url(n % 2), text))))
+            n += 1
+            try:
+                await asyncio.wait_for(stop.wait(), 0.3)
+            except TimeoutError:
+                pass
+        return [Chat(text, started_at, await task) for text, started_at, task in pending]
+    finally:
+        for _, _, task in pending:  # cancelled: none may chat on into the next test's fleet
+            task.cancel()
 
 
 async def test_a_killed_worker_and_router_are_restarted_while_the_fleet_serves(up: Launcher):
     worker_url, router_url = SPEC.worker(0).health_url, SPEC.router(0).health_url
     stop = asyncio.Event()
     chatting = asyncio.create_task(keep_chatting(stop))
+    try:
+        # A worker dies mid-stream: its streams fail fast, the others finish, and it comes back.
+        sockets = [s for edge in range(2) for s in (await start_streams(SPEC.chat_url(edge), 10))[0]]
+        await asyncio.sleep(0.5)
+        worker_pid = health(worker_url)["pid"]
+        os.kill(worker_pid, signal.SIGKILL)
+        killed_at = time.perf_counter()
+        results = await finish(sockets)
+        assert_worker_loss(results, killed_at)
+        new_worker = await asyncio.to_thread(up.serving_pid, worker_url, worker_pid)
+        assert new_worker != worker_pid and up.said("worker-0 killed by SIGKILL; restarting in")
+        assert up.said(f"worker-0 restarted (pid {new_worker})")
+        # The launcher notices on its next round (every 0.25 s) what the test may have seen first.
+        back = lambda: up.said("worker-0 is serving again")  # noqa: E731
+        await asyncio.to_thread(up.wait_for, back, "the launcher to see it back", 10)
 
-    # A worker dies mid-stream: its streams fail fast, the others finish, and it comes back.
-    sockets = [s for edge in range(2) for s in (await start_streams(SPEC.chat_url(edge), 10))[0]]
-    await asyncio.sleep(0.5)
-    worker_pid = health(worker_url)["pid"]
-    os.kill(worker_pid, signal.SIGKILL)
-    killed_at = time.perf_counter()
-    results = await finish(sockets)
-    assert_worker_loss(results, killed_at)
-    new_worker = await asyncio.to_thread(up.serving_pid, worker_url, worker_pid)
-    assert new_worker != worker_pid and up.said("worker-0 killed by SIGKILL; restarting in")
-    assert up.said(f"worker-0 restarted (pid {new_worker})")
-    # The launcher notices on its next round (every 0.25 s) what the test may have seen first.
-    await asyncio.to_thread(up.wait_for, lambda: up.said("worker-0 is serving again"), "the launcher to see it back", 10)
+        # A router dies mid-stream: no stream loses anything, and it comes back.
+        sockets = [s for edge in range(2) for s in (await start_streams(SPEC.chat_url(edge), 5))[0]]
+        await asyncio.sleep(0.5)
+        router_pid = health(router_url)["pid"]
+        os.kill(router_pid, signal.SIGKILL)
+        results = await finish(sockets)
+        assert all(intact(r) for r in results), [r.final for r in results if not intact(r)]
+        new_router = await asyncio.to_thread(up.serving_pid, router_url, router_pid)
+        assert new_router != router_pid and up.said("router-0 killed by SIGKILL")
+        assert up.said(f"router-0 restarted (pid {new_router})")
 
-    # A router dies mid-stream: no stream loses anything, and it comes back.
-    sockets = [s for edge in range(2) for s in (await start_streams(SPEC.chat_url(edge), 5))[0]]
-    await asyncio.sleep(0.5)
-    router_pid = health(router_url)["pid"]
-    os.kill(router_pid, signal.SIGKILL)
-    results = await finish(sockets)
-    assert all(intact(r) for r in results), [r.final for r in results if not intact(r)]
-    new_router = await asyncio.to_thread(up.serving_pid, router_url, router_pid)
-    assert new_router != router_pid and up.said("router-0 killed by SIGKILL")
-    assert up.said(f"router-0 restarted (pid {new_router})")
-
-    stop.set()
-    chats = await chatting
+        stop.set()
+        chats = await chatting
+    finally:
+        # Every test shares one event loop: chats left running after a failure here would go on
+        # to the next test's fleet, on the same ports with the same key, and count as its own.
+        chatting.cancel()
     assert len(chats) > 10
     # A chat the killed worker was serving ends with a retryable worker_lost, like the streams above,
     # and one it was starting is quarantined by the worker after it (never run twice); every other
