@@ -20,6 +20,8 @@ from shared.models.spec import SMOLLM2, resolve_model
 VARIANTS: dict[str, dict] = {
     "float32": dict(dtype="float32"),
     "float32+compile": dict(dtype="float32", cpu_compile="on"),
+    # The compiled graphs' decode attention as tensor operations, not the C++ kernel: the kernel's baseline.
+    "float32+compile+tensor_attention": dict(dtype="float32", cpu_compile="on", cpu_attention_kernel=False),
     "bfloat16": dict(dtype="bfloat16"),
     "bfloat16+compile": dict(dtype="bfloat16", cpu_compile="on"),
     "int8": dict(dtype="float32", quantization="int8"),

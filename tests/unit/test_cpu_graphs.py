@@ -140,6 +140,27 @@ def test_a_graph_call_wraps_no_python_number_in_a_tensor(engines) -> None:
     assert "aten::lift_fresh" not in names  # what torch.tensor(number) leaves
 
 
+def test_the_graphs_attend_through_the_cpp_kernel(engines) -> None:
+    _, compiled = engines
+    graphs = compiled.runner.decode_graphs
+    assert graphs.wait(timeout=600) and graphs.attention_kernel
+    with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"), torch.profiler.profile() as profile:
+        graphs.compiled[1](*graphs._warmup_args(8))
+    names = [event.name for event in profile.events()]
+    assert names.count("drivetrain::paged_decode_attention") == compiled.runner.model.config.num_layers
+
+
+def test_without_the_kernel_the_graphs_attend_by_tensor_operations_with_the_eager_tokens(
+        tiny: LlamaModel, one_torch_thread) -> None:
+    settings = EngineSettings(num_kv_blocks=64, cpu_compile="on", cpu_attention_kernel=False)
+    compiled = Engine(use_cpu_linear_(copy.deepcopy(tiny), keep_dense=True), settings, 512, eos_token_ids=())
+    eager = Engine(copy.deepcopy(tiny), EngineSettings(num_kv_blocks=64), 512, eos_token_ids=())
+    assert not compiled.runner.decode_graphs.attention_kernel
+    batch = [list(range(10 + 7 * i, 40 + 5 * i)) for i in range(3)]
+    assert run(compiled, batch, "ops") == run(eager, batch, "ops")
+    assert compiled.load().graph_steps >= GREEDY.max_tokens - 1
+
+
 def test_contexts_far_apart_run_the_graph_padded_with_the_eager_tokens(engines) -> None:
     eager, compiled = engines
     assert compiled.runner.decode_graphs.wait(timeout=600)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from kernels.cpu_attention import (
     CpuAttentionPlan,
     decode_group_attention,
+    decode_group_attention_kernel,
     paged_attention_cpu,
     write_kv_cpu,
 )
@@ -54,6 +55,7 @@ class DecodeGroupMetadata:
     slot_mapping: torch.Tensor  # (N,) int64: where each new token's K/V goes
     read_slots: torch.Tensor  # (N, S) int64: the slot of each position read; past its table, the null block's
     visible: torch.Tensor  # (N, 1, 1, S) bool: True within the sequence's context
+    lengths: torch.Tensor | None = None  # (N,) int64 contexts when the C++ kernel reads the cache; else tensor ops
 
 
 def paged_attention(
@@ -67,6 +69,9 @@ def paged_attention(
 ) -> torch.Tensor:  # (T, Hq, D)
     """Store this step's K/V in the cache, then attend over each sequence's whole cached context."""
     if isinstance(meta, DecodeGroupMetadata):
+        if meta.lengths is not None:
+            return decode_group_attention_kernel(q, k, v, k_cache, v_cache, meta.slot_mapping, meta.read_slots,
+                                                 meta.lengths, scale)
         return decode_group_attention(q, k, v, k_cache, v_cache, meta.slot_mapping, meta.read_slots, meta.visible,
                                       scale)
     if not q.is_cuda:

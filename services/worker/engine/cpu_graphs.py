@@ -34,6 +34,7 @@ import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
 from torch import nn
 
+from kernels import cpu_paged_decode
 from services.worker.engine.attention import AttentionMetadata, DecodeGroupMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
 from services.worker.engine.cpu_linear import trace_packed_
@@ -130,9 +131,11 @@ class _DecodeLogits(nn.Module):
         return self.model.compute_logits(self.model(input_ids, positions, meta, kv_caches))
 
 
-def decode_group(meta: AttentionMetadata, block_size: int) -> DecodeGroupMetadata | None:
+def decode_group(meta: AttentionMetadata, block_size: int,
+                 attention_kernel: bool = False) -> DecodeGroupMetadata | None:
     """The step as one decode group, or None when it is not one: a prompt chunk in it, or contexts so
-    far apart that padding the short ones to the longest would cost more than an eager step."""
+    far apart that padding the short ones to the longest would cost more than an eager step. With
+    attention_kernel, the group carries its contexts' lengths, for the C++ kernel to read by."""
     if not meta.decode_only:
         return None
     contexts = meta.context_lens.numpy()  # (N,)
@@ -151,6 +154,7 @@ def decode_group(meta: AttentionMetadata, block_size: int) -> DecodeGroupMetadat
         slot_mapping=meta.slot_mapping,
         read_slots=torch.from_numpy(read_slots),
         visible=torch.from_numpy(visible)[:, None, None, :],
+        lengths=torch.from_numpy(contexts.astype(np.int64)) if attention_kernel else None,
     )
 
 
@@ -167,9 +171,13 @@ class CpuDecodeGraphs:
     """Owns the compiled decode graphs of one model over one KV cache; `logits` runs a step through
     them once they are ready, and never compiles on the caller's thread."""
 
-    def __init__(self, model: LlamaModel, kv_caches: list[KVCache], block_size: int) -> None:
+    def __init__(self, model: LlamaModel, kv_caches: list[KVCache], block_size: int,
+                 attention_kernel: bool = True) -> None:
         self.model = model
         self.kv_caches = kv_caches
+        # Decided (and the kernel built) before any graph is traced: the graphs call whichever was chosen.
+        cache = kv_caches[0][0]
+        self.attention_kernel = attention_kernel and cpu_paged_decode.supports(cache.shape[-1], cache.dtype)
         for cache in kv_caches:  # fixed shapes: no symbols, so no step's sizes can be taken for theirs
             for tensor in cache:
                 torch._dynamo.mark_static(tensor)
@@ -248,7 +256,7 @@ class CpuDecodeGraphs:
             context_lens=torch.full((batch,), context, dtype=torch.int32),
             max_query_len=1,
         )
-        group = decode_group(meta, self.block_size)
+        group = decode_group(meta, self.block_size, self.attention_kernel)
         ids = torch.zeros(batch, dtype=torch.int64)
         return ids, torch.zeros(batch, dtype=torch.int64), group, self.kv_caches
 
@@ -258,7 +266,7 @@ class CpuDecodeGraphs:
         Nothing is ever compiled on the caller's thread."""
         if not self.ready.is_set():
             return None
-        group = decode_group(meta, self.block_size)
+        group = decode_group(meta, self.block_size, self.attention_kernel)
         if group is None:
             return None
         compiled = self.compiled[self.plan_for(input_ids.shape[0])]

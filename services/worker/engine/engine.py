@@ -70,6 +70,7 @@ def resolve(settings: EngineSettings, max_model_len: int, device: torch.device) 
         kv_memory_fraction=settings.kv_memory_fraction,
         cuda_graphs=settings.cuda_graphs,
         cpu_compile=settings.cpu_compile,
+        cpu_attention_kernel=settings.cpu_attention_kernel,
     )
     return scheduler, runner
 

@@ -58,6 +58,7 @@ class RunnerConfig:
     kv_memory_fraction: float  # GPU: share of device memory for weights, activations and KV
     cuda_graphs: bool
     cpu_compile: CpuCompile = "off"
+    cpu_attention_kernel: bool = True  # compiled decode steps' attention through the C++ kernel, where it builds
     eos_token_ids: frozenset[int] = frozenset()  # masked before a request's min_tokens, unless it ignores EOS
 
 
@@ -208,7 +209,8 @@ class ModelRunner:
         self.num_graph_steps = 0  # steps whose model ran as one graph: CUDA replays and CPU graph steps
         self.decode_graphs: CpuDecodeGraphs | None = None
         if config.cpu_compile != "off" and self.device.type == "cpu":
-            self.decode_graphs = CpuDecodeGraphs(model, self.kv_caches, self.block_size)
+            self.decode_graphs = CpuDecodeGraphs(model, self.kv_caches, self.block_size,
+                                                 attention_kernel=config.cpu_attention_kernel)
             self.decode_graphs.start(background=config.cpu_compile == "background")
         log.info("KV cache: %d blocks of %d tokens on %s", self.num_blocks, self.block_size, self.device)
 

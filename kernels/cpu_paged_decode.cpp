@@ -1,0 +1,209 @@
+// Decode attention on the CPU over the paged KV cache: one new query token per sequence, each reading
+// its cached keys and values where they lie, one slot row at a time.
+//
+// Bound by memory: a step's sequences read every layer's cache once, far more than fits in any cache,
+// so the loops are shaped for the reads. Each task takes one sequence's KV heads (or a few), reads
+// each slot's row of them once, in order, and asks for the rows a few positions ahead (keys and
+// values both) while it multiplies the current one: the slots of a sequence lie in blocks scattered
+// through the cache, where the hardware's own prefetching loses the thread at every block's end.
+// Scores go to a scratch row per query head, then a softmax over each, then the values' weighted sum.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+
+constexpr int64_t kPrefetchRows = 8;  // slot rows asked for ahead of the one being read
+constexpr int kHeadsAtOnce = 4;       // query heads whose weighted sums of values are held in registers
+constexpr int64_t kCacheLine = 64;
+
+inline Vec load(const float* p) { return Vec::loadu(p); }
+
+inline Vec load(const at::BFloat16* p) {
+  Vec out;
+  at::vec::load_to_float(p, out);
+  return out;
+}
+
+inline float sum_lanes(const Vec& v) {
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, v);
+}
+
+template <typename kv_t>
+inline void prefetch_row(const kv_t* row, int64_t bytes) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t offset = 0; offset < bytes; offset += kCacheLine) __builtin_prefetch(p + offset);
+}
+
+// Softmax of each of `heads` rows of `len` scores, in place, given each row's largest score; returns each
+// row's 1 / sum of exponentials (the weighted sums are divided once, at the end).
+inline void exponentiate(float* scores, int64_t heads, int64_t len, const float* tops, float* inverse_sums) {
+  constexpr int64_t W = Vec::size();
+  for (int64_t j = 0; j < heads; ++j) {
+    float* row = scores + j * len;
+    Vec top(tops[j]), sum(0.f);
+    int64_t s = 0;
+    for (; s + W <= len; s += W) {
+      Vec e = (Vec::loadu(row + s) - top).exp();
+      e.store(row + s);
+      sum = sum + e;
+    }
+    if (s < len) {  // the lanes past the row load as zeros: exp(0 - top) each, taken back out of the sum
+      const int64_t rest = len - s;
+      Vec e = (Vec::loadu(row + s, rest) - top).exp();
+      e.store(row + s, rest);
+      sum = sum + Vec::set(Vec(0.f), e, rest);
+    }
+    inverse_sums[j] = 1.f / sum_lanes(sum);
+  }
+}
+
+// KV heads [h0, h1) of one sequence: q and out hold its Hq * D floats, slots its `len` flat slots.
+template <typename kv_t, int D>
+void attend(const float* q, float* out, const kv_t* k_cache, const kv_t* v_cache, const int64_t* slots, int64_t len,
+            int64_t num_kv_heads, int64_t group, int64_t h0, int64_t h1, float scale, std::vector<float>& scratch) {
+  constexpr int W = Vec::size();
+  static_assert(D % W == 0, "head_dim: whole vectors");
+  constexpr int C = D / W;
+  const int64_t row = num_kv_heads * D;  // one slot's keys (or values), every KV head
+  const int64_t heads = (h1 - h0) * group;
+  const int64_t span_bytes = (h1 - h0) * D * static_cast<int64_t>(sizeof(kv_t));
+  scratch.resize(heads * len + 2 * heads);
+  float* scores = scratch.data();
+  float* tops = scores + heads * len;
+  float* inverse_sums = tops + heads;
+  std::fill(tops, tops + heads, -std::numeric_limits<float>::infinity());
+
+  for (int64_t s = 0; s < len; ++s) {
+    if (s + kPrefetchRows < len) {
+      const int64_t ahead = slots[s + kPrefetchRows] * row + h0 * D;
+      prefetch_row(k_cache + ahead, span_bytes);
+      prefetch_row(v_cache + ahead, span_bytes);
+    }
+    const kv_t* keys = k_cache + slots[s] * row;
+    for (int64_t h = h0; h < h1; ++h) {
+      Vec k[C];
+      for (int c = 0; c < C; ++c) k[c] = load(keys + h * D + c * W);
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qh = q + (h * group + g) * D;
+        Vec acc = Vec::loadu(qh) * k[0];
+        for (int c = 1; c < C; ++c) acc = at::vec::fmadd(Vec::loadu(qh + c * W), k[c], acc);
+        const int64_t j = (h - h0) * group + g;
+        scores[j * len + s] = sum_lanes(acc) * scale;
+        tops[j] = std::max(tops[j], scores[j * len + s]);
+      }
+    }
+  }
+
+  exponentiate(scores, heads, len, tops, inverse_sums);
+
+  for (int64_t h = h0; h < h1; ++h) {
+    for (int64_t g0 = 0; g0 < group; g0 += kHeadsAtOnce) {
+      const int64_t tile = std::min<int64_t>(kHeadsAtOnce, group - g0);
+      const float* weights = scores + ((h - h0) * group + g0) * len;
+      Vec acc[kHeadsAtOnce][C];
+      for (int g = 0; g < kHeadsAtOnce; ++g)
+        for (int c = 0; c < C; ++c) acc[g][c] = Vec(0.f);
+      for (int64_t s = 0; s < len; ++s) {
+        const kv_t* values = v_cache + slots[s] * row + h * D;
+        Vec v[C];
+        for (int c = 0; c < C; ++c) v[c] = load(values + c * W);
+        for (int g = 0; g < tile; ++g) {
+          Vec weight(weights[g * len + s]);
+          for (int c = 0; c < C; ++c) acc[g][c] = at::vec::fmadd(weight, v[c], acc[g][c]);
+        }
+      }
+      for (int g = 0; g < tile; ++g) {
+        const int64_t j = (h - h0) * group + g0 + g;
+        Vec inverse(inverse_sums[j]);
+        for (int c = 0; c < C; ++c) (acc[g][c] * inverse).store(out + (h0 * group + j) * D + c * W);
+      }
+    }
+  }
+}
+
+template <typename kv_t, int D>
+void attend_all(const at::Tensor& q, at::Tensor& out, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                const at::Tensor& read_slots, const at::Tensor& lengths, float scale) {
+  const int64_t n = q.size(0), num_q_heads = q.size(1);
+  const int64_t num_kv_heads = k_cache.size(2), width = read_slots.size(1);
+  const int64_t group = num_q_heads / num_kv_heads;
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const kv_t* kp = k_cache.data_ptr<kv_t>();
+  const kv_t* vp = v_cache.data_ptr<kv_t>();
+  const int64_t* sp = read_slots.data_ptr<int64_t>();
+  const int64_t* lp = lengths.data_ptr<int64_t>();
+  // Whole sequences when there are enough to share out (each slot's row read in one go); else one KV
+  // head each, so that a few sequences still keep every thread busy.
+  const bool by_sequence = n >= 4 * at::get_num_threads();
+  const int64_t tasks = by_sequence ? n : n * num_kv_heads;
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t i = by_sequence ? t : t / num_kv_heads;
+      const int64_t h0 = by_sequence ? 0 : t % num_kv_heads;
+      const int64_t h1 = by_sequence ? num_kv_heads : h0 + 1;
+      const int64_t offset = i * num_q_heads * D;
+      attend<kv_t, D>(qp + offset, op + offset, kp, vp, sp + i * width, lp[i], num_kv_heads, group, h0, h1, scale,
+                      scratch);
+    }
+  });
+}
+
+template <typename kv_t>
+void dispatch_head_dim(const at::Tensor& q, at::Tensor& out, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                       const at::Tensor& read_slots, const at::Tensor& lengths, float scale) {
+  switch (q.size(2)) {
+    case 16: return attend_all<kv_t, 16>(q, out, k_cache, v_cache, read_slots, lengths, scale);
+    case 32: return attend_all<kv_t, 32>(q, out, k_cache, v_cache, read_slots, lengths, scale);
+    case 64: return attend_all<kv_t, 64>(q, out, k_cache, v_cache, read_slots, lengths, scale);
+    case 128: return attend_all<kv_t, 128>(q, out, k_cache, v_cache, read_slots, lengths, scale);
+    case 256: return attend_all<kv_t, 256>(q, out, k_cache, v_cache, read_slots, lengths, scale);
+    default: TORCH_CHECK(false, "paged_decode_attention: head_dim 16, 32, 64, 128 or 256, got ", q.size(2));
+  }
+}
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& read_slots, const at::Tensor& lengths, double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q: contiguous (n, Hq, D) float32");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.sizes() == v_cache.sizes() && k_cache.scalar_type() == v_cache.scalar_type(),
+              "caches: contiguous (num_blocks, block_size, Hkv, D), alike");
+  TORCH_CHECK(k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(2) == 0, "caches do not match q's heads");
+  TORCH_CHECK(read_slots.dim() == 2 && read_slots.size(0) == q.size(0) && read_slots.scalar_type() == at::kLong &&
+                  read_slots.is_contiguous(), "read_slots: contiguous (n, S) int64");
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == q.size(0) && lengths.scalar_type() == at::kLong &&
+                  lengths.is_contiguous(), "lengths: contiguous (n,) int64");
+  const int64_t width = read_slots.size(1);
+  const int64_t* lp = lengths.data_ptr<int64_t>();
+  for (int64_t i = 0; i < lengths.size(0); ++i)
+    TORCH_CHECK(lp[i] >= 1 && lp[i] <= width, "lengths: each within 1..S, got ", lp[i]);
+  at::Tensor out = at::empty_like(q);
+  const float s = static_cast<float>(scale);
+  switch (k_cache.scalar_type()) {
+    case at::kFloat: dispatch_head_dim<float>(q, out, k_cache, v_cache, read_slots, lengths, s); break;
+    case at::kBFloat16: dispatch_head_dim<at::BFloat16>(q, out, k_cache, v_cache, read_slots, lengths, s); break;
+    default: TORCH_CHECK(false, "paged_decode_attention: a float32 or bfloat16 cache, got ", k_cache.scalar_type());
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(drivetrain, m) {
+  m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor read_slots, Tensor lengths, "
+        "float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(drivetrain, CPU, m) { m.impl("paged_decode_attention", paged_decode_attention); }
