@@ -15,8 +15,10 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 LOG2E = 1.4426950408889634  # the kernels use exp2, with this folded into the scale
 
 
-def check_query_and_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_shape: str) -> None:
-    """q (rows, Hq, D) against paged caches (num_blocks, block_size, Hkv, D), in one float dtype."""
+def check_query_and_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_shape: str,
+                          cache_dtype_of_its_own: bool = False) -> None:
+    """q (rows, Hq, D) against paged caches (num_blocks, block_size, Hkv, D), in one float dtype (or, where
+    cache_dtype_of_its_own, the two caches in one float dtype and q in one)."""
     if q.dim() != 3:
         raise ValueError(f"q must be {q_shape}; got {tuple(q.shape)}")
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
@@ -30,10 +32,10 @@ def check_query_and_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         raise ValueError(f"head_dim differs: q has {head_dim}, the cache {k_cache.shape[3]}")
     if num_q_heads % num_kv_heads != 0:
         raise ValueError(f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}")
-    if q.dtype not in FLOAT_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(
-            f"q, k_cache, v_cache must share one of {FLOAT_DTYPES}; got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
-        )
+    alike = v_cache.dtype == k_cache.dtype and (cache_dtype_of_its_own or k_cache.dtype == q.dtype)
+    if q.dtype not in FLOAT_DTYPES or k_cache.dtype not in FLOAT_DTYPES or not alike:
+        shared = "the caches must share one of" if cache_dtype_of_its_own else "q, k_cache, v_cache must share one of"
+        raise ValueError(f"{shared} {FLOAT_DTYPES}; got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
 
 
 def check_index_dtypes(**tensors: torch.Tensor) -> None:

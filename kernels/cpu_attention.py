@@ -66,14 +66,18 @@ class CpuAttentionPlan:
         """Every row decodes, in one group in row order: its output is the step's output."""
         return not self.prompt_chunks and len(self.decode_groups) == 1 and self.decode_groups[0].rows.shape[0] == self.num_rows
 
-    def gather(self, cache: torch.Tensor, blocks: torch.Tensor, buffer: str) -> torch.Tensor:
-        """(n, NB) block ids -> (n, Hkv, NB * block_size, D): whole blocks copied into a reused buffer."""
+    def gather(self, cache: torch.Tensor, blocks: torch.Tensor, buffer: str, dtype: torch.dtype) -> torch.Tensor:
+        """(n, NB) block ids -> (n, Hkv, NB * block_size, D) in `dtype`: whole blocks copied into a reused
+        buffer (converted as they are copied where the cache keeps another dtype than the queries)."""
         n, num_blocks = blocks.shape
         wanted = n * num_blocks
         held = self._buffers.get(buffer)
-        if held is None or held.shape[0] < wanted or held.dtype != cache.dtype:
-            held = self._buffers[buffer] = cache.new_empty((self._most_blocks(), *cache.shape[1:]))
-        gathered = torch.index_select(cache, 0, blocks.reshape(-1), out=held[:wanted])
+        if held is None or held.shape[0] < wanted or held.dtype != dtype:
+            held = self._buffers[buffer] = cache.new_empty((self._most_blocks(), *cache.shape[1:]), dtype=dtype)
+        if cache.dtype == dtype:
+            gathered = torch.index_select(cache, 0, blocks.reshape(-1), out=held[:wanted])
+        else:
+            gathered = held[:wanted].copy_(cache[blocks.reshape(-1)])
         return gathered.view(n, num_blocks * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
 
     def _most_blocks(self) -> int:
@@ -156,7 +160,7 @@ def paged_attention_cpu(
     scale: float,
 ) -> torch.Tensor:  # (T, Hq, D)
     """Each query row attends to its sequence's cached context up to its own position."""
-    check_query_and_cache(q, k_cache, v_cache, "(T, Hq, D)")
+    check_query_and_cache(q, k_cache, v_cache, "(T, Hq, D)", cache_dtype_of_its_own=True)
     if plan.single_group:
         return _decode(q, k_cache, v_cache, plan.decode_groups[0], plan, scale)
     out = q.new_zeros(q.shape)
@@ -169,8 +173,8 @@ def paged_attention_cpu(
 
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
             plan: CpuAttentionPlan, scale: float) -> torch.Tensor:  # (n, Hq, D)
-    keys = plan.gather(k_cache, group.blocks, "k")  # (n, Hkv, S, D)
-    values = plan.gather(v_cache, group.blocks, "v")
+    keys = plan.gather(k_cache, group.blocks, "k", q.dtype)  # (n, Hkv, S, D)
+    values = plan.gather(v_cache, group.blocks, "v", q.dtype)
     return _attend_one_each(q, keys, values, group.visible, scale)
 
 
@@ -258,8 +262,8 @@ def _write_slots(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cach
 
 def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: PromptChunk,
              plan: CpuAttentionPlan, scale: float) -> torch.Tensor:  # (L, Hq, D)
-    keys = plan.gather(k_cache, chunk.blocks[None], "k")[0, :, : chunk.context_len]  # (Hkv, C, D)
-    values = plan.gather(v_cache, chunk.blocks[None], "v")[0, :, : chunk.context_len]
+    keys = plan.gather(k_cache, chunk.blocks[None], "k", q.dtype)[0, :, : chunk.context_len]  # (Hkv, C, D)
+    values = plan.gather(v_cache, chunk.blocks[None], "v", q.dtype)[0, :, : chunk.context_len]
     queries = q.transpose(0, 1)[None]  # (1, Hq, L, D)
     prefix = chunk.prefix
     out, own_lse = _flash(queries, keys[None, :, prefix:], values[None, :, prefix:], True, scale)

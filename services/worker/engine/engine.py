@@ -71,6 +71,7 @@ def resolve(settings: EngineSettings, max_model_len: int, device: torch.device) 
         cuda_graphs=settings.cuda_graphs,
         cpu_compile=settings.cpu_compile,
         cpu_attention_kernel=settings.cpu_attention_kernel,
+        kv_cache_dtype=None if settings.kv_cache_dtype == "auto" else getattr(torch, settings.kv_cache_dtype),
     )
     return scheduler, runner
 
@@ -125,7 +126,7 @@ class Engine:
         pool = BlockPool(self.runner.num_blocks, settings.block_size, enable_caching=settings.enable_prefix_caching)
         self.kv_cache_manager = KVCacheManager(pool, scheduler_config.max_model_len)
         self.scheduler = Scheduler(scheduler_config, self.kv_cache_manager, tenant_order or waiting_order(settings))
-        self.handoffs = KVHandoffs(self.scheduler, self.kv_cache_manager, self.runner.kv_caches, self.runner.dtype)
+        self.handoffs = KVHandoffs(self.scheduler, self.kv_cache_manager, self.runner.kv_caches, self.runner.kv_dtype)
         self.start_listener: StartListener | None = None
         self._started: set[str] = set()  # requests already announced to start_listener
         overlap = settings.overlap_scheduling

@@ -262,8 +262,9 @@ def build_llm_engine(spec: ModelSpec, settings: EngineSettings = EngineSettings(
     eos = tuple(dict.fromkeys(tokenizer.eos_token_ids + model.config.eos_token_ids))
     engine = Engine(model, settings, spec.max_model_len, eos_token_ids=eos)
     log.info(
-        "engine ready: model %s on %s (%s, quantization %s), %d KV blocks, max_model_len %d",
+        "engine ready: model %s on %s (%s, quantization %s), %d KV blocks of %s, max_model_len %d",
         spec.name, torch_device, engine.runner.dtype, settings.quantization, engine.runner.num_blocks,
+        engine.runner.kv_dtype,
         engine.max_model_len,
     )
     return LLMEngine(engine, tokenizer)

@@ -59,6 +59,7 @@ class RunnerConfig:
     cuda_graphs: bool
     cpu_compile: CpuCompile = "off"
     cpu_attention_kernel: bool = True  # compiled decode steps' attention through the C++ kernel, where it builds
+    kv_cache_dtype: torch.dtype | None = None  # None: the weights' dtype
     eos_token_ids: frozenset[int] = frozenset()  # masked before a request's min_tokens, unless it ignores EOS
 
 
@@ -186,12 +187,23 @@ def to_host(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None
     return host, ready
 
 
+def kv_cache_dtype(weights: torch.dtype, wanted: torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The KV cache's dtype: the weights' unless another is asked for, which only the CPU paths read."""
+    if wanted is None or wanted == weights:
+        return weights
+    if device.type != "cpu":
+        raise ValueError(f"a {wanted} KV cache under {weights} weights is a CPU option; on {device} the cache "
+                         "keeps the weights' dtype")
+    return wanted
+
+
 class ModelRunner:
     def __init__(self, model: LlamaModel, config: RunnerConfig) -> None:
         self.model = model
         self.config = config
         first = next(model.parameters())
         self.device, self.dtype = first.device, first.dtype
+        self.kv_dtype = kv_cache_dtype(self.dtype, config.kv_cache_dtype, self.device)
         self.block_size = config.block_size
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}  # seeded requests only
@@ -200,7 +212,7 @@ class ModelRunner:
         self._drawn_ids: list[str] = []  # (S,) the request of each
         self.grammars: GrammarMatchers | None = None  # the engine's constrained requests (structured output)
         self.num_blocks = config.num_kv_blocks or self._size_kv_pool()
-        self.kv_caches = allocate_kv_cache(model.config, self.num_blocks, self.block_size, self.device, self.dtype)
+        self.kv_caches = allocate_kv_cache(model.config, self.num_blocks, self.block_size, self.device, self.kv_dtype)
         self.graphs: CudaGraphRunner | None = None
         if config.cuda_graphs and self.device.type == "cuda":
             max_blocks = cdiv(config.max_model_len, self.block_size)
@@ -319,7 +331,7 @@ class ModelRunner:
     # --- sizing the KV pool ---------------------------------------------------------------------
 
     def _size_kv_pool(self) -> int:
-        per_block = kv_bytes_per_block(self.model.config, self.block_size, self.dtype)
+        per_block = kv_bytes_per_block(self.model.config, self.block_size, self.kv_dtype)
         if self.device.type == "cuda":
             budget = self._gpu_kv_budget()
         else:
@@ -359,7 +371,7 @@ class ModelRunner:
         logits and top-p sampling for max_num_seqs rows."""
         num_tokens = min(self.config.max_step_tokens, self.config.max_model_len)
         num_blocks = cdiv(num_tokens, self.block_size) + 1
-        caches = allocate_kv_cache(self.model.config, num_blocks, self.block_size, self.device, self.dtype)
+        caches = allocate_kv_cache(self.model.config, num_blocks, self.block_size, self.device, self.kv_dtype)
         meta = AttentionMetadata(
             slot_mapping=torch.arange(num_tokens, device=self.device) + self.block_size,
             block_tables=torch.arange(1, num_blocks, dtype=torch.int32, device=self.device)[None, :],

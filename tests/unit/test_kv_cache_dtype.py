@@ -1,0 +1,100 @@
+"""engine.kv_cache_dtype bfloat16 under float32 weights on a CPU: the cache holds bfloat16, every
+path that reads it (eager prefill and decode, the compiled graphs with and without the C++ kernel)
+gives logits within bfloat16's rounding of the float32 cache's, and the compiled graphs the eager
+path's logits over the same cache."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from services.worker.engine.cpu_linear import use_cpu_linear_
+from services.worker.engine.engine import Engine
+from services.worker.engine.model import LlamaModel
+from services.worker.engine.model_runner import ModelRunner, StepInputs, kv_cache_dtype
+from services.worker.engine.request import Request
+from services.worker.engine.sampling_params import SamplingParams
+from services.worker.engine.settings import EngineSettings
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+PROMPTS = [list(range(3, 40)), list(range(50, 70)), list(range(100, 131))]
+
+
+class LogitsKept(ModelRunner):
+    """Keeps every step's logits; with `beside`, also the eager path's on the same inputs of each step a
+    compiled graph took (run first: the graph then writes the same K/V again)."""
+
+    beside = False
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.kept: list[torch.Tensor] = []
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def _logits(self, inputs: StepInputs) -> torch.Tensor | None:
+        graphs = self.decode_graphs
+        eager = None
+        if self.beside and graphs is not None and graphs.ready.is_set() and len(inputs.sample_ids) == inputs.num_seqs:
+            eager = self.model.compute_logits(self._forward(inputs)[inputs.sample_rows])
+        graph_steps = self.num_graph_steps
+        logits = super()._logits(inputs)
+        self.kept.append(logits)
+        if eager is not None and self.num_graph_steps > graph_steps:
+            self.pairs.append((logits, eager))
+        return logits
+
+
+class EagerBeside(LogitsKept):
+    beside = True
+
+
+def run(engine: Engine) -> list[list[int]]:
+    requests = [Request(f"r{i}", prompt, GREEDY) for i, prompt in enumerate(PROMPTS)]
+    for request in requests:
+        engine.add_request(request)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return [r.output_token_ids for r in requests]
+
+
+def engine(model: LlamaModel, runner_cls: type[ModelRunner] = LogitsKept, **settings) -> Engine:
+    """An engine of its own over `model` (not copied)."""
+    return Engine(model, EngineSettings(num_kv_blocks=64, **settings), 512, eos_token_ids=(),
+                  runner_cls=runner_cls)
+
+
+def test_a_bfloat16_cache_under_float32_weights_stays_within_its_rounding(tiny: LlamaModel, one_torch_thread) -> None:
+    exact, halved = engine(copy.deepcopy(tiny)), engine(copy.deepcopy(tiny), kv_cache_dtype="bfloat16")
+    assert all(k.dtype == v.dtype == torch.bfloat16 for k, v in halved.runner.kv_caches)
+    assert next(halved.runner.model.parameters()).dtype == torch.float32
+    ours, theirs = run(halved), run(exact)
+    # Prefill and the first decode read the same contexts in both: their logits differ by the cache's rounding.
+    for step in range(2):
+        logits, reference = halved.runner.kept[step], exact.runner.kept[step]
+        scale = reference.abs().amax().item()
+        assert not torch.equal(logits, reference)  # the cache's dtype took effect
+        torch.testing.assert_close(logits, reference, rtol=0, atol=0.02 * scale)
+    agreed = sum(a == b for mine, ref in zip(ours, theirs) for a, b in zip(mine, ref))
+    assert agreed >= 0.8 * sum(map(len, theirs))
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_compiled_graphs_over_a_bfloat16_cache_give_the_eager_logits(tiny: LlamaModel, one_torch_thread,
+                                                                     kernel: bool) -> None:
+    model = use_cpu_linear_(copy.deepcopy(tiny), keep_dense=True)
+    compiled = engine(model, EagerBeside, kv_cache_dtype="bfloat16", cpu_compile="on", cpu_attention_kernel=kernel)
+    graphs = compiled.runner.decode_graphs
+    assert not graphs.failed and graphs.attention_kernel == kernel
+    run(compiled)
+    assert len(compiled.runner.pairs) == GREEDY.max_tokens - 1  # every decode step took a graph
+    for logits, eager in compiled.runner.pairs:
+        torch.testing.assert_close(logits, eager, rtol=1e-4, atol=1e-4 * eager.abs().amax().item())
+
+
+def test_a_gpu_keeps_the_weights_dtype_in_its_cache() -> None:
+    with pytest.raises(ValueError, match="CPU option"):
+        kv_cache_dtype(torch.float32, torch.bfloat16, torch.device("cuda"))
+    assert kv_cache_dtype(torch.float32, torch.bfloat16, torch.device("cpu")) == torch.bfloat16
+    assert kv_cache_dtype(torch.bfloat16, None, torch.device("cuda")) == torch.bfloat16
