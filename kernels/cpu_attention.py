@@ -8,8 +8,10 @@ for a prompt chunk after a cached prefix):
 - each prompt chunk attends to its cached prefix (no mask) and causally to itself, the two merged
   by their log-sum-exps: a mask over the whole context would cost every masked pair too;
 - new K/V are written by index into the flat cache.
-`decode_group_attention` is one decode group in plain tensor operations, for a compiled graph.
-The references in decode_attention.py and prefill_attention.py stay the ground truth.
+`decode_group_attention` is one decode group in plain tensor operations, for a compiled graph;
+`decode_group_attention_kernel` the same through the C++ kernel (cpu_paged_decode.py), which the
+graphs call where it is built. The references in decode_attention.py and prefill_attention.py stay
+the ground truth.
 """
 
 from __future__ import annotations

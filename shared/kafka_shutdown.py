@@ -81,14 +81,26 @@ async def _abandon(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
     await connections.close()
 
 
+class _ForgivingPending(set):
+    """An abandoned producer's pending batches: a batch may leave twice, and the second time is no error.
+    A produce request that failed waits out a backoff before it puts its batches back in the queue
+    (taking them out of this set); failed meanwhile, each batch's own callback takes it out as well,
+    and whichever comes second raised a KeyError inside aiokafka."""
+
+    def remove(self, batch: object) -> None:
+        self.discard(batch)
+
+
 def _fail_undelivered(producer: AIOKafkaProducer) -> None:
     """Fail every record the producer still holds, queued or in flight, as its sender does when it
-    fails. Two things aiokafka leaves wrong for that are set right around it: a batch put back in
+    fails. Three things aiokafka leaves wrong for that are set right around it: a batch put back in
     the queue for a retry has left the pending set yet keeps the callback that removes it from there
-    once it fails (a KeyError inside aiokafka), and a failed batch's drain waiter, which nobody
+    once it fails (a KeyError inside aiokafka); a batch whose request is waiting out its backoff is
+    put back after it failed (_ForgivingPending); and a failed batch's drain waiter, which nobody
     awaits once the producer is stopping, would be logged as an exception never retrieved."""
     accumulator = producer._message_accumulator
     queued = [batch for batches in accumulator._batches.values() for batch in batches]
+    accumulator._pending_batches = _ForgivingPending(accumulator._pending_batches)
     accumulator._pending_batches.update(batch for batch in queued if batch.retry_count > 0)
     held = {*queued, *accumulator._pending_batches}
     accumulator.fail_all(KafkaTimeoutError("the producer stopped before delivering"))

@@ -114,6 +114,25 @@ async def test_records_queued_retried_and_in_flight_all_fail_and_aiokafka_logs_n
     assert not [batch for batch in batches if batch._drain_waiter._log_traceback]
 
 
+async def test_a_batch_put_back_for_a_retry_after_the_stop_raises_nothing_inside_aiokafka(caplog):
+    # A produce request that failed waits out a backoff, then puts its batches back in the queue, taking
+    # them out of the pending set; a stop in between has failed them, and their callbacks took them out
+    # already (a broker gone while the edge stopped, in tests/fault/test_broker_loss.py).
+    client = NeverFlushes(bootstrap_servers="127.0.0.1:1", enable_idempotence=True)
+    client.client = Connections()
+    client._txn_manager.set_pid_and_epoch(1, 0)
+    accumulator = client._message_accumulator
+    delivery = await accumulator.add_message(TopicPartition("t", 0), None, b"record", timeout=1)
+    in_flight = accumulator._pop_batch(TopicPartition("t", 0))
+    await stop_client(client, within_s=0.05)
+    await asyncio.sleep(0)  # its done callback runs
+    accumulator.reenqueue(in_flight)  # the request's backoff ends
+    await asyncio.sleep(0)
+    with pytest.raises(KafkaTimeoutError):
+        await delivery
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+
+
 class NeverCommits(AIOKafkaConsumer):
     """As aiokafka's commit does with the broker gone: it waits for a group coordinator, whatever it
     is given to commit, an empty mapping included."""
