@@ -36,6 +36,9 @@ class DecodeGroup:
     blocks: torch.Tensor  # (n, NB) int64 block ids; past a context: PAD_BLOCK
     visible: torch.Tensor | None  # (n, 1, 1, NB * block_size) bool; None when every position is visible
     length: int  # NB * block_size, the group's padded context
+    # For the C++ kernel, where the plan was built for it: each position's flat slot, and the contexts.
+    read_slots: torch.Tensor | None = None  # (n, NB * block_size) int64
+    contexts: torch.Tensor | None = None  # (n,) int64
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class CpuAttentionPlan:
         cu_seqlens_q: torch.Tensor,  # (N+1,)
         context_lens: torch.Tensor,  # (N,)
         block_size: int,
+        kernel: bool = False,  # decode groups through the C++ kernel (cpu_paged_decode.py), not fused attention
     ) -> CpuAttentionPlan:
         slots = slot_mapping.long()
         keep = slots >= 0
@@ -114,7 +118,7 @@ class CpuAttentionPlan:
             else:
                 blocks = tables[seq, : math.ceil(context_len / block_size)]
                 chunks.append(PromptChunk(start, end, blocks, context_len))
-        groups = [_decode_group(seqs, bounds, lengths, tables, block_size)
+        groups = [_decode_group(seqs, bounds, lengths, tables, block_size, kernel)
                   for seqs in _by_length(decoding, lengths)]
         return cls(write_slots, write_rows, groups, chunks, num_rows=bounds[-1])
 
@@ -132,7 +136,7 @@ def _by_length(seqs: list[int], lengths: list[int]) -> list[list[int]]:
 
 
 def _decode_group(seqs: list[int], bounds: list[int], lengths: list[int], tables: torch.Tensor,
-                  block_size: int) -> DecodeGroup:
+                  block_size: int, kernel: bool) -> DecodeGroup:
     contexts = torch.tensor([lengths[s] for s in seqs])  # (n,)
     num_blocks = math.ceil(int(contexts.max()) / block_size)
     index = torch.tensor(seqs)
@@ -142,7 +146,11 @@ def _decode_group(seqs: list[int], bounds: list[int], lengths: list[int], tables
     length = num_blocks * block_size
     visible = torch.arange(length)[None, :] < contexts[:, None]  # (n, S)
     rows = torch.tensor([bounds[s] for s in seqs])
-    return DecodeGroup(rows, blocks, None if bool(visible.all()) else visible[:, None, None, :], length)
+    visible = None if bool(visible.all()) else visible[:, None, None, :]
+    if not kernel:
+        return DecodeGroup(rows, blocks, visible, length)
+    read_slots = (blocks[:, :, None] * block_size + torch.arange(block_size)).reshape(len(seqs), length)
+    return DecodeGroup(rows, blocks, visible, length, read_slots, contexts.long())
 
 
 def write_kv_cpu(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -175,6 +183,9 @@ def paged_attention_cpu(
 
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
             plan: CpuAttentionPlan, scale: float) -> torch.Tensor:  # (n, Hq, D)
+    if group.read_slots is not None:  # the kernel reads the blocks where they lie: no gathered copies
+        out = paged_decode_attention(q.float().contiguous(), k_cache, v_cache, group.read_slots, group.contexts, scale)
+        return out.to(q.dtype)
     keys = plan.gather(k_cache, group.blocks, "k", q.dtype)  # (n, Hkv, S, D)
     values = plan.gather(v_cache, group.blocks, "v", q.dtype)
     return _attend_one_each(q, keys, values, group.visible, scale)

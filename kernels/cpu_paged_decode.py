@@ -48,9 +48,11 @@ def available() -> bool:
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
         )
-    except Exception:  # no compiler, no ninja, a failed build: the tensor operations serve
-        log.warning("the CPU decode attention kernel could not be built; decode attention runs as tensor "
-                    "operations", exc_info=True)
+    except Exception as exc:  # no compiler, no ninja, a failed build: the tensor operations serve
+        first_line = next(iter(str(exc).splitlines()), "")[:300]
+        log.warning("the CPU decode attention kernel could not be built (%s: %s); decode attention runs "
+                    "without it", type(exc).__name__, first_line)
+        log.debug("building the CPU decode attention kernel", exc_info=True)
         return False
     torch.library.register_fake("drivetrain::paged_decode_attention")(_shape_of_output)
     return True

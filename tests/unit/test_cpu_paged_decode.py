@@ -1,9 +1,11 @@
 """The C++ decode attention kernel (kernels/cpu_paged_decode.cpp) against the reference: every head
 size it is built for, query heads per KV head past the four it holds at once, one sequence per task
-and one KV head per task, bfloat16 caches, and the arguments it refuses."""
+and one KV head per task, bfloat16 caches, and the arguments it refuses; an eager engine decoding
+through it gives the fused attention's tokens."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -12,6 +14,10 @@ import torch
 from kernels import cpu_paged_decode
 from kernels.cpu_attention import decode_group_attention, decode_group_attention_kernel
 from kernels.decode_attention import paged_decode_attention_ref
+from services.worker.engine.engine import Engine
+from services.worker.engine.request import Request
+from services.worker.engine.sampling_params import SamplingParams
+from services.worker.engine.settings import EngineSettings
 
 BLOCK = 16
 
@@ -106,3 +112,34 @@ def test_it_serves_the_head_sizes_and_cache_dtypes_it_was_built_for() -> None:
     assert cpu_paged_decode.supports(64, torch.float32) and cpu_paged_decode.supports(128, torch.bfloat16)
     assert not cpu_paged_decode.supports(80, torch.float32)
     assert not cpu_paged_decode.supports(64, torch.float16)
+
+
+def test_an_eager_engine_decodes_through_the_kernel_with_the_fused_attentions_tokens(tiny, one_torch_thread) -> None:
+    greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    prompts = [list(range(3, 40)), list(range(50, 58)), list(range(100, 190))]  # contexts far apart: two groups
+
+    def run(kernel: bool) -> tuple[list[list[int]], list[str]]:
+        engine = Engine(copy.deepcopy(tiny), EngineSettings(num_kv_blocks=64, cpu_attention_kernel=kernel), 512,
+                        eos_token_ids=())
+        assert engine.runner.cpu_attention_kernel == kernel
+        requests = [Request(f"r{i}", prompt, greedy) for i, prompt in enumerate(prompts)]
+        for request in requests:
+            engine.add_request(request)
+        with torch.profiler.profile() as profile:
+            while engine.has_unfinished_requests():
+                engine.step()
+        return [r.output_token_ids for r in requests], [event.name for event in profile.events()]
+
+    (ours, names), (fused, fused_names) = run(True), run(False)
+    assert ours == fused
+    assert "drivetrain::paged_decode_attention" in names
+    assert "drivetrain::paged_decode_attention" not in fused_names
+
+
+def test_where_it_cannot_be_built_it_says_so_in_one_line_and_is_not_available(monkeypatch, caplog) -> None:
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    monkeypatch.setattr(cpu_paged_decode, "SOURCE", cpu_paged_decode.SOURCE.with_name("missing.cpp"))
+    assert not cpu_paged_decode.available.__wrapped__()  # past the process's cached answer
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "could not be built" in warnings[0].getMessage()
+    assert warnings[0].exc_info is None and "Traceback" not in caplog.text

@@ -32,6 +32,7 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor  # (N+1,) int32
     context_lens: torch.Tensor  # (N,) int32
     max_query_len: int  # 1 means every sequence decodes one token: T == N
+    cpu_attention_kernel: bool = False  # CPU decode groups through the C++ kernel (the runner sets it)
     _cpu_plan: CpuAttentionPlan | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -42,7 +43,8 @@ class AttentionMetadata:
         """What each sequence reads from the cache, worked out by the first layer for all of them."""
         if self._cpu_plan is None:
             self._cpu_plan = CpuAttentionPlan.build(
-                self.slot_mapping, self.block_tables, self.cu_seqlens_q, self.context_lens, block_size
+                self.slot_mapping, self.block_tables, self.cu_seqlens_q, self.context_lens, block_size,
+                kernel=self.cpu_attention_kernel,
             )
         return self._cpu_plan
 

@@ -34,7 +34,6 @@ import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
 from torch import nn
 
-from kernels import cpu_paged_decode
 from services.worker.engine.attention import AttentionMetadata, DecodeGroupMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
 from services.worker.engine.cpu_linear import trace_packed_
@@ -171,13 +170,11 @@ class CpuDecodeGraphs:
     """Owns the compiled decode graphs of one model over one KV cache; `logits` runs a step through
     them once they are ready, and never compiles on the caller's thread."""
 
-    def __init__(self, model: LlamaModel, kv_caches: list[KVCache], block_size: int,
-                 attention_kernel: bool = True) -> None:
+    def __init__(self, model: LlamaModel, kv_caches: list[KVCache], block_size: int, *,
+                 attention_kernel: bool) -> None:
         self.model = model
         self.kv_caches = kv_caches
-        # Decided (and the kernel built) before any graph is traced: the graphs call whichever was chosen.
-        cache = kv_caches[0][0]
-        self.attention_kernel = attention_kernel and cpu_paged_decode.supports(cache.shape[-1], cache.dtype)
+        self.attention_kernel = attention_kernel  # the C++ kernel, built already; else tensor operations
         for cache in kv_caches:  # fixed shapes: no symbols, so no step's sizes can be taken for theirs
             for tensor in cache:
                 torch._dynamo.mark_static(tensor)

@@ -18,6 +18,7 @@ import numpy as np
 import psutil
 import torch
 
+from kernels import cpu_paged_decode
 from services.worker.engine.attention import AttentionMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
 from services.worker.engine.cpu_graphs import CpuDecodeGraphs
@@ -58,7 +59,7 @@ class RunnerConfig:
     kv_memory_fraction: float  # GPU: share of device memory for weights, activations and KV
     cuda_graphs: bool
     cpu_compile: CpuCompile = "off"
-    cpu_attention_kernel: bool = True  # compiled decode steps' attention through the C++ kernel, where it builds
+    cpu_attention_kernel: bool = True  # CPU decode attention through the C++ kernel, where it builds
     kv_cache_dtype: torch.dtype | None = None  # None: the weights' dtype
     eos_token_ids: frozenset[int] = frozenset()  # masked before a request's min_tokens, unless it ignores EOS
 
@@ -213,6 +214,9 @@ class ModelRunner:
         self.grammars: GrammarMatchers | None = None  # the engine's constrained requests (structured output)
         self.num_blocks = config.num_kv_blocks or self._size_kv_pool()
         self.kv_caches = allocate_kv_cache(model.config, self.num_blocks, self.block_size, self.device, self.kv_dtype)
+        # Decided (and the kernel built) before any step runs or graph is traced: both call whichever it is.
+        self.cpu_attention_kernel = (self.device.type == "cpu" and config.cpu_attention_kernel
+                                     and cpu_paged_decode.supports(model.config.head_dim, self.kv_dtype))
         self.graphs: CudaGraphRunner | None = None
         if config.cuda_graphs and self.device.type == "cuda":
             max_blocks = cdiv(config.max_model_len, self.block_size)
@@ -222,7 +226,7 @@ class ModelRunner:
         self.decode_graphs: CpuDecodeGraphs | None = None
         if config.cpu_compile != "off" and self.device.type == "cpu":
             self.decode_graphs = CpuDecodeGraphs(model, self.kv_caches, self.block_size,
-                                                 attention_kernel=config.cpu_attention_kernel)
+                                                 attention_kernel=self.cpu_attention_kernel)
             self.decode_graphs.start(background=config.cpu_compile == "background")
         log.info("KV cache: %d blocks of %d tokens on %s", self.num_blocks, self.block_size, self.device)
 
@@ -293,6 +297,8 @@ class ModelRunner:
             return self.graphs.replay(
                 inputs.input_ids, inputs.positions, meta.slot_mapping, meta.block_tables, meta.context_lens
             )
+        if self.cpu_attention_kernel:
+            meta = dataclasses.replace(meta, cpu_attention_kernel=True)
         return self.model(inputs.input_ids, inputs.positions, meta, self.kv_caches)
 
     def _to_device(self, inputs: StepInputs) -> StepInputs:

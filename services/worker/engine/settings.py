@@ -58,7 +58,7 @@ class EngineSettings(CacheSharing):
     cpu_compile: CpuCompile = "off"
     """CPU: decode steps through a graph torch.compile builds with the weights frozen in (fused small operations, inductor's own GEMM kernels): about 2.7x one stream's decode speed, for minutes of compiling at every start. on: before the engine serves; background: steps run eagerly until it is done, slowly on a few cores"""
     cpu_attention_kernel: bool = True
-    """CPU, compiled decode steps: decode attention through a C++ kernel (kernels/cpu_paged_decode.cpp, built with the compiler torch.compile uses, seconds once per machine) that reads the KV cache 2-2.6x as fast as the compiled tensor operations where many sequences decode; off, or where it cannot be built: those operations"""
+    """CPU: decode attention through a C++ kernel (kernels/cpu_paged_decode.cpp, built with the compiler torch.compile uses, seconds once per machine) that reads the KV cache where it lies, 2-2.6x as fast as the compiled tensor operations where many sequences decode; off, or where it cannot be built: those operations in compiled steps, PyTorch's fused attention over gathered copies in eager ones"""
     cpu_threads: int = Field(default=0, ge=0)
     """CPU: threads for the model's math; 0: torch's default, one per core. Workers sharing a machine should split its cores (drivetrain up does): more threads than cores make every small operation wait"""
     fair_share: Literal["vtc", "fcfs"] = "vtc"
