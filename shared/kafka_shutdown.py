@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaTimeoutError
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,24 @@ async def _abandon(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
         connections = client.client
     else:
         connections = client._client
+    await _close_connections(connections)
+
+
+async def _close_connections(connections: AIOKafkaClient) -> None:
+    """AIOKafkaClient.close, whose metadata task, cancelled, can fail instead of stopping: a request it was
+    writing to a connection the broker dropped raises, close() raises that in turn, and the connections
+    stay open. That failure is the broker's absence, already known; the connections close regardless."""
+    sync_task = connections._sync_task
+    if sync_task is not None:
+        sync_task.cancel()
+        try:
+            await sync_task
+        except asyncio.CancelledError:
+            if _caller_cancelled():
+                raise
+        except Exception as exc:  # noqa: BLE001 - the absent broker's error, from inside aiokafka
+            log.info("the Kafka client's metadata task failed as it stopped (%r)", exc)
+        connections._sync_task = None
     await connections.close()
 
 

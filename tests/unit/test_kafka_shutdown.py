@@ -17,6 +17,7 @@ from shared.kafka_shutdown import commit_bounded, stop_client
 class Connections:
     def __init__(self) -> None:
         self.closed = False
+        self._sync_task = None  # AIOKafkaClient's metadata task
 
     async def close(self) -> None:
         self.closed = True
@@ -130,6 +131,29 @@ async def test_a_batch_put_back_for_a_retry_after_the_stop_raises_nothing_inside
     await asyncio.sleep(0)
     with pytest.raises(KafkaTimeoutError):
         await delivery
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+
+
+async def test_a_metadata_task_that_fails_as_it_stops_still_lets_the_connections_close(caplog):
+    # aiokafka's client cancels its metadata task on close and awaits it; a request that task was
+    # writing to a connection the broker had dropped raised instead (a closed transport), and close()
+    # raised it in turn, out of the service's shutdown, its connections left open.
+    client = NeverStops(bootstrap_servers="127.0.0.1:1")
+    connections = client._client
+
+    async def synchronizing() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>") from None
+
+    connections._sync_task = asyncio.create_task(synchronizing())
+    closed = []
+    conn = type("Conn", (), {"close": lambda self, reason=None: closed.append(reason) or asyncio.sleep(0)})()
+    connections._conns = {1: conn}
+    await asyncio.sleep(0)
+    await asyncio.wait_for(stop_client(client, within_s=0.05), 5)
+    assert closed and connections._sync_task is None
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
 
 
