@@ -98,7 +98,10 @@ async def test_openai_logprobs_of_each_token_with_its_alternatives(smollm2_fleet
         )
         streamed = [t for chunk in [c async for c in stream] if chunk.choices and chunk.choices[0].logprobs
                     for t in chunk.choices[0].logprobs.content]  # fmt: skip
-        assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in content]
+        assert [t.token for t in streamed] == [t.token for t in content]
+        # The second request's prompt comes from the prefix cache, its last positions attended in two parts
+        # merged by log-sum-exps: the same tokens, logprobs equal to float32's rounding only.
+        assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-3)
         assert all(t.top_logprobs == [] for t in streamed)  # logprobs alone: no alternatives
         plain = await client.chat.completions.create(model="smollm2", messages=messages, temperature=0, max_tokens=4)
         assert plain.choices[0].logprobs is None
