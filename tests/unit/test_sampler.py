@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from services.worker.engine.sampler import Sampler, make_generator
+from services.worker.engine.sampler import ARGMAX_CHUNK, Sampler, argmax_rows, make_generator
 from services.worker.engine.sampling_params import SamplingParams
 
 V = 1000
@@ -17,6 +17,38 @@ def test_greedy_is_argmax() -> None:
     logits = random_logits(8)
     tokens = Sampler()(logits, [SamplingParams(temperature=0.0)] * 8)
     assert tokens.dtype == torch.int64
+    assert torch.equal(tokens, logits.argmax(-1))
+
+
+@pytest.mark.parametrize("width", [ARGMAX_CHUNK + 1, 3 * ARGMAX_CHUNK, 3 * ARGMAX_CHUNK + 77, 49152])
+def test_argmax_rows_equals_argmax_ties_included(width: int) -> None:
+    generator = torch.Generator().manual_seed(width)
+    spread = torch.randn(16, width, generator=generator)
+    tied = torch.randint(0, 4, (16, width), generator=generator).float()  # many positions share the top
+    for x in (spread, tied, -tied):
+        assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
+
+
+def test_argmax_rows_takes_nan_as_largest_and_an_all_minus_inf_row_at_0() -> None:
+    width = 2 * ARGMAX_CHUNK + 5
+    x = torch.zeros(5, width)
+    x[0, 1500] = float("nan")
+    x[0, 1700] = float("nan")
+    x[1, width - 1] = 2.0  # in the short last chunk
+    x[2] = float("-inf")
+    x[3, ARGMAX_CHUNK] = float("inf")
+    x[4, 7] = float("nan")
+    x[4, 9] = float("inf")
+    assert argmax_rows(x).tolist() == x.argmax(dim=-1).tolist() == [1500, width - 1, 0, ARGMAX_CHUNK, 7]
+
+
+def test_argmax_rows_of_no_rows() -> None:
+    assert argmax_rows(torch.zeros(0, 3 * ARGMAX_CHUNK)).shape == (0,)
+
+
+def test_greedy_over_a_wide_vocabulary_is_argmax() -> None:
+    logits = torch.randn(64, 49152, generator=torch.Generator().manual_seed(1))
+    tokens = Sampler()(logits, [SamplingParams(temperature=0.0)] * 64)
     assert torch.equal(tokens, logits.argmax(-1))
 
 
