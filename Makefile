@@ -39,7 +39,7 @@ compose-cli:
 
 install: $(STAMP) $(NODE_STAMP) $(K8S_NODE_STAMP) compose-cli
 
-# The worker compiles its CPU decode graphs before it serves (2–6 minutes on 2 cores), then
+# The worker compiles its CPU decode graphs before it serves (1½–6 minutes on 2 cores), then
 # decodes about 2.5x faster per stream. DRIVETRAIN_ENGINE_CPU_COMPILE=off skips it.
 run: install
 	DRIVETRAIN_ENGINE_CPU_COMPILE=$${DRIVETRAIN_ENGINE_CPU_COMPILE:-on} $(BIN)/drivetrain up --model smollm2
