@@ -5,8 +5,11 @@ then every layer does a few whole-block gathers and one fused attention call per
 for a prompt chunk after a cached prefix):
 - decoding sequences are grouped by length (each group's contexts within a factor of two), so
   no sequence is padded to the batch's longest context;
-- each prompt chunk attends to its cached prefix (no mask) and causally to itself, the two merged
-  by their log-sum-exps: a mask over the whole context would cost every masked pair too;
+- prompts computed whole in this step (nothing cached before them) attend causally in one fused
+  call per group of like lengths, padded to the group's longest: a call per prompt cost more than
+  its arithmetic at chat prompts' few dozen tokens;
+- any other prompt chunk attends to its cached prefix (no mask) and causally to itself, the two
+  merged by their log-sum-exps: a mask over the whole context would cost every masked pair too;
 - new K/V are written by index into the flat cache.
 `decode_group_attention` is one decode group in plain tensor operations, for a compiled graph;
 `decode_group_attention_kernel` the same through the C++ kernel (cpu_paged_decode.py), which the
@@ -57,19 +60,33 @@ class PromptChunk:
 
 
 @dataclass(frozen=True)
+class WholePrompts:
+    """Prompts of lengths within a factor of two of each other, each computed whole in this step,
+    laid out padded to the longest: past its end, a prompt repeats its last row and slot, which
+    causal attention hides from its real positions."""
+
+    rows: torch.Tensor  # (n, L) query row of each position
+    slots: torch.Tensor  # (n, L) int64 flat cache slot of each position
+    real: torch.Tensor  # (n * L,) bool: positions within their prompt
+    real_rows: torch.Tensor  # (R,) the rows of the real positions, in their order
+
+
+@dataclass(frozen=True)
 class CpuAttentionPlan:
     write_slots: torch.Tensor  # (T',) int64 flat cache slots
     write_rows: torch.Tensor | None  # (T',) rows written; None: every row, in order
     decode_groups: list[DecodeGroup]
-    prompt_chunks: list[PromptChunk]
+    prompt_chunks: list[PromptChunk]  # after a cached prefix
     num_rows: int
+    whole_prompts: list[WholePrompts] = field(default_factory=list)
     # Gathers of every layer reuse two buffers: a fresh allocation per layer costs page faults.
     _buffers: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def single_group(self) -> bool:
         """Every row decodes, in one group in row order: its output is the step's output."""
-        return not self.prompt_chunks and len(self.decode_groups) == 1 and self.decode_groups[0].rows.shape[0] == self.num_rows
+        return (not self.prompt_chunks and not self.whole_prompts and len(self.decode_groups) == 1
+                and self.decode_groups[0].rows.shape[0] == self.num_rows)
 
     def gather(self, cache: torch.Tensor, blocks: torch.Tensor, buffer: str, dtype: torch.dtype) -> torch.Tensor:
         """(n, NB) block ids -> (n, Hkv, NB * block_size, D) in `dtype`: whole blocks copied into a reused
@@ -108,6 +125,7 @@ class CpuAttentionPlan:
         lengths = context_lens.tolist()
         tables = block_tables.long()
         decoding = []
+        whole = []
         chunks = []
         for seq, context_len in enumerate(lengths):
             start, end = bounds[seq], bounds[seq + 1]
@@ -115,12 +133,15 @@ class CpuAttentionPlan:
                 continue  # padding: its rows stay zero
             if end - start == 1:
                 decoding.append(seq)
+            elif end - start == context_len:
+                whole.append(seq)
             else:
                 blocks = tables[seq, : math.ceil(context_len / block_size)]
                 chunks.append(PromptChunk(start, end, blocks, context_len))
         groups = [_decode_group(seqs, bounds, lengths, tables, block_size, kernel)
                   for seqs in _by_length(decoding, lengths)]
-        return cls(write_slots, write_rows, groups, chunks, num_rows=bounds[-1])
+        prompts = [_whole_prompts(seqs, bounds, tables, block_size) for seqs in _by_length(whole, lengths)]
+        return cls(write_slots, write_rows, groups, chunks, num_rows=bounds[-1], whole_prompts=prompts)
 
 
 def _by_length(seqs: list[int], lengths: list[int]) -> list[list[int]]:
@@ -153,6 +174,17 @@ def _decode_group(seqs: list[int], bounds: list[int], lengths: list[int], tables
     return DecodeGroup(rows, blocks, visible, length, read_slots, contexts.long())
 
 
+def _whole_prompts(seqs: list[int], bounds: list[int], tables: torch.Tensor, block_size: int) -> WholePrompts:
+    starts = torch.tensor([bounds[s] for s in seqs])[:, None]  # (n, 1)
+    ends = torch.tensor([bounds[s + 1] for s in seqs])[:, None]
+    offsets = torch.arange(int((ends - starts).max()))[None, :]  # (1, L)
+    positions = torch.minimum(offsets, ends - starts - 1)  # (n, L): each prompt's own, its last repeated
+    rows = starts + positions
+    slots = tables[torch.tensor(seqs)[:, None], positions // block_size] * block_size + positions % block_size
+    real = (offsets < ends - starts).reshape(-1)
+    return WholePrompts(rows, slots, real, rows.reshape(-1)[real])
+
+
 def write_kv_cpu(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  plan: CpuAttentionPlan) -> None:
     """Copy this step's K/V (T, Hkv, D) into their slots of the caches, in place."""
@@ -176,6 +208,8 @@ def paged_attention_cpu(
     out = q.new_zeros(q.shape)
     for group in plan.decode_groups:
         out.index_copy_(0, group.rows, _decode(q[group.rows], k_cache, v_cache, group, plan, scale))
+    for prompts in plan.whole_prompts:
+        out.index_copy_(0, prompts.real_rows, _whole(q, k_cache, v_cache, prompts, scale))
     for chunk in plan.prompt_chunks:
         out[chunk.start:chunk.end] = _prefill(q[chunk.start:chunk.end], k_cache, v_cache, chunk, plan, scale)
     return out
@@ -271,6 +305,21 @@ def _write_slots(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cach
     k_flat.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_flat.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
     return k_flat, v_flat
+
+
+def _whole(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prompts: WholePrompts,
+           scale: float) -> torch.Tensor:  # (R, Hq, D): the real positions' outputs
+    """Causal attention of each prompt over its own keys, read back from the cache as decoding will
+    read them (in its dtype), all prompts of the group in one fused call."""
+    n, length = prompts.rows.shape
+
+    def padded(cache: torch.Tensor) -> torch.Tensor:  # (n, Hkv, L, D) in q's dtype
+        read = cache.view(-1, *cache.shape[2:]).index_select(0, prompts.slots.reshape(-1))
+        return read.to(q.dtype).view(n, length, *cache.shape[2:]).transpose(1, 2)
+
+    queries = q[prompts.rows].transpose(1, 2)  # (n, Hq, L, D)
+    out, _ = _flash(queries, padded(k_cache), padded(v_cache), True, scale)
+    return out.transpose(1, 2).reshape(n * length, *q.shape[1:])[prompts.real]
 
 
 def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: PromptChunk,

@@ -35,6 +35,12 @@ inline Vec load(const at::BFloat16* p) {
   return out;
 }
 
+inline Vec load(const at::Half* p) {
+  Vec out;
+  at::vec::load_to_float(p, out);
+  return out;
+}
+
 inline float sum_lanes(const Vec& v) {
   return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, v);
 }
@@ -199,7 +205,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   switch (k_cache.scalar_type()) {
     case at::kFloat: dispatch_head_dim<float>(q, out, k_cache, v_cache, read_slots, lengths, s); break;
     case at::kBFloat16: dispatch_head_dim<at::BFloat16>(q, out, k_cache, v_cache, read_slots, lengths, s); break;
-    default: TORCH_CHECK(false, "paged_decode_attention: a float32 or bfloat16 cache, got ", k_cache.scalar_type());
+    case at::kHalf: dispatch_head_dim<at::Half>(q, out, k_cache, v_cache, read_slots, lengths, s); break;
+    default:
+      TORCH_CHECK(false, "paged_decode_attention: a float32, bfloat16 or float16 cache, got ", k_cache.scalar_type());
   }
   return out;
 }

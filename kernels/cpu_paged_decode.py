@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_suffix(".cpp")
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the kernel's compiled-in head sizes
-CACHE_DTYPES = (torch.float32, torch.bfloat16)
+CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # The flags inductor's own C++ kernels get for the same capability: at::vec then uses those registers.
 ISA_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma"],
@@ -79,7 +79,7 @@ def _shape_of_output(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 def paged_decode_attention(
     q: torch.Tensor,  # (n, Hq, D) float32: one new token per sequence
-    k_cache: torch.Tensor,  # (num_blocks, block_size, Hkv, D) float32 or bfloat16
+    k_cache: torch.Tensor,  # (num_blocks, block_size, Hkv, D) float32, bfloat16 or float16
     v_cache: torch.Tensor,
     read_slots: torch.Tensor,  # (n, S) int64: the flat slot of each position, in order
     lengths: torch.Tensor,  # (n,) int64: positions each sequence reads, 1..S

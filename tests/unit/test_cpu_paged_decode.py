@@ -1,6 +1,6 @@
 """The C++ decode attention kernel (kernels/cpu_paged_decode.cpp) against the reference: every head
 size it is built for, query heads per KV head past the four it holds at once, one sequence per task
-and one KV head per task, bfloat16 caches, and the arguments it refuses; an eager engine decoding
+and one KV head per task, bfloat16 and float16 caches, and the arguments it refuses; an eager engine decoding
 through it gives the fused attention's tokens."""
 
 from __future__ import annotations
@@ -58,14 +58,15 @@ def test_the_kernel_matches_the_reference(head_dim: int, num_kv_heads: int, grou
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
 
 
-def test_a_bfloat16_cache_is_read_as_its_float32_values() -> None:
-    q, k_cache, v_cache, tables, read_slots, lens = case([40, 90, 3], 64, 3, 3, seed=7, dtype=torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_width_cache_is_read_as_its_float32_values(dtype: torch.dtype) -> None:
+    q, k_cache, v_cache, tables, read_slots, lens = case([40, 90, 3], 64, 3, 3, seed=7, dtype=dtype)
     expected = paged_decode_attention_ref(q, k_cache.float(), v_cache.float(), tables.int(), lens.int(), 0.125)
     out = cpu_paged_decode.paged_decode_attention(q, k_cache, v_cache, read_slots, lens, 0.125)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_a_decode_group_through_the_kernel_equals_the_tensor_operations(dtype: torch.dtype) -> None:
     q, k_cache, v_cache, tables, read_slots, lens = case([37, 20, 33, 40, 64], 16, 2, 3, seed=9, dtype=dtype)
     q = q.to(dtype)
@@ -96,7 +97,7 @@ def test_the_kernel_compiles_into_a_graph() -> None:
     ({"read_slots": torch.zeros(2, 32, dtype=torch.int32)}, "read_slots"),
     ({"q": torch.zeros(2, 4, 48)}, "head"),
     ({"q": torch.zeros(2, 4, 16, dtype=torch.float64)}, "q:"),
-    ({"k_cache": torch.zeros(3, BLOCK, 2, 16, dtype=torch.float16)}, "float32 or bfloat16 cache"),
+    ({"k_cache": torch.zeros(3, BLOCK, 2, 16, dtype=torch.float64)}, "float32, bfloat16 or float16 cache"),
 ])
 def test_arguments_it_cannot_serve_are_refused_with_a_reason(change: dict, message: str) -> None:
     q, k_cache, v_cache, _, read_slots, lens = case([20, 30], 16, 2, 2, seed=12)
@@ -110,8 +111,9 @@ def test_arguments_it_cannot_serve_are_refused_with_a_reason(change: dict, messa
 
 def test_it_serves_the_head_sizes_and_cache_dtypes_it_was_built_for() -> None:
     assert cpu_paged_decode.supports(64, torch.float32) and cpu_paged_decode.supports(128, torch.bfloat16)
+    assert cpu_paged_decode.supports(32, torch.float16)
     assert not cpu_paged_decode.supports(80, torch.float32)
-    assert not cpu_paged_decode.supports(64, torch.float16)
+    assert not cpu_paged_decode.supports(64, torch.float64)
 
 
 def test_an_eager_engine_decodes_through_the_kernel_with_the_fused_attentions_tokens(tiny, one_torch_thread) -> None:

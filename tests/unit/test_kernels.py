@@ -381,6 +381,23 @@ def test_cpu_mixed_step_matches_prefill_ref(group: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group", [1, 3])
+def test_cpu_whole_prompts_attend_in_groups_like_the_ref(dtype: torch.dtype, group: int) -> None:
+    # Prompts with nothing cached before them, of lengths that make three groups (64 and 40; 23 and
+    # 17; 5 and 3), beside a chunk after a prefix and two decodes, each group one padded call.
+    chunks = [(0, 23), (0, 64), (12, 30), (0, 5), (0, 40), (7, 1), (0, 17), (0, 3), (0, 1)]
+    q, k_cache, v_cache, tables, cu, lens = _prefill_case(chunks, group, 16, 16, seed=28)
+    plan = CpuAttentionPlan.build(torch.full((q.shape[0],), -1), tables, cu, lens, 16)
+    assert sorted(p.rows.shape for p in plan.whole_prompts) == [(2, 5), (2, 23), (2, 64)]
+    assert len(plan.prompt_chunks) == 1 and sum(g.rows.numel() for g in plan.decode_groups) == 2
+    expected = paged_prefill_attention_ref(q, k_cache.to(dtype).float(), v_cache.to(dtype).float(), tables, cu,
+                                           lens, 0.25)
+    out = paged_attention_cpu(q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), plan, 0.25)
+    atol, rtol = (ATOL, RTOL) if dtype == torch.float32 else (2e-2, 2e-2)
+    torch.testing.assert_close(out.float(), expected, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cpu_chunk_after_a_long_prefix_matches_prefill_ref(dtype: torch.dtype) -> None:
     # A prefix longer than the fused kernel's key splits, a chunk longer than its query splits: the
     # cached and own parts are attended apart and merged by their log-sum-exps.
