@@ -16,9 +16,9 @@ from services.worker.engine.engine import Engine
 from services.worker.engine.model import LlamaModel
 from services.worker.engine.model_runner import ModelRunner, StepInputs
 from services.worker.engine.quantize import quantize_
-from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.settings import EngineSettings
+from tests.unit.engine_runs import tokens_for
 
 BLOCK = 16
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -67,12 +67,7 @@ def test_prompt_chunks_are_not_a_group() -> None:
 
 
 def run(engine: Engine, prompts: list[list[int]], prefix: str) -> list[list[int]]:
-    requests = [Request(f"{prefix}{i}", prompt, GREEDY) for i, prompt in enumerate(prompts)]
-    for request in requests:
-        engine.add_request(request)
-    while engine.has_unfinished_requests():
-        engine.step()
-    return [r.output_token_ids for r in requests]
+    return tokens_for(engine, prompts, GREEDY, prefix)
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ from kernels import cpu_paged_decode
 from kernels.cpu_attention import decode_group_attention, decode_group_attention_kernel
 from kernels.decode_attention import paged_decode_attention_ref
 from services.worker.engine.engine import Engine
-from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.settings import EngineSettings
+from tests.unit.engine_runs import tokens_for
 
 BLOCK = 16
 
@@ -124,13 +124,9 @@ def test_an_eager_engine_decodes_through_the_kernel_with_the_fused_attentions_to
         engine = Engine(copy.deepcopy(tiny), EngineSettings(num_kv_blocks=64, cpu_attention_kernel=kernel), 512,
                         eos_token_ids=())
         assert engine.runner.cpu_attention_kernel == kernel
-        requests = [Request(f"r{i}", prompt, greedy) for i, prompt in enumerate(prompts)]
-        for request in requests:
-            engine.add_request(request)
         with torch.profiler.profile() as profile:
-            while engine.has_unfinished_requests():
-                engine.step()
-        return [r.output_token_ids for r in requests], [event.name for event in profile.events()]
+            tokens = tokens_for(engine, prompts, greedy)
+        return tokens, [event.name for event in profile.events()]
 
     (ours, names), (fused, fused_names) = run(True), run(False)
     assert ours == fused

@@ -14,9 +14,9 @@ from services.worker.engine.cpu_linear import use_cpu_linear_
 from services.worker.engine.engine import Engine
 from services.worker.engine.model import LlamaModel
 from services.worker.engine.model_runner import ModelRunner, StepInputs, kv_cache_dtype
-from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.settings import EngineSettings
+from tests.unit.engine_runs import tokens_for
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 PROMPTS = [list(range(3, 40)), list(range(50, 70)), list(range(100, 131))]
@@ -50,15 +50,6 @@ class EagerBeside(LogitsKept):
     beside = True
 
 
-def run(engine: Engine) -> list[list[int]]:
-    requests = [Request(f"r{i}", prompt, GREEDY) for i, prompt in enumerate(PROMPTS)]
-    for request in requests:
-        engine.add_request(request)
-    while engine.has_unfinished_requests():
-        engine.step()
-    return [r.output_token_ids for r in requests]
-
-
 def engine(model: LlamaModel, runner_cls: type[ModelRunner] = LogitsKept, **settings) -> Engine:
     """An engine of its own over `model` (not copied)."""
     return Engine(model, EngineSettings(num_kv_blocks=64, **settings), 512, eos_token_ids=(),
@@ -75,7 +66,7 @@ def first_logits_error(cache_dtype: str, tiny: LlamaModel) -> float:
     exact, halved = engine(copy.deepcopy(tiny)), engine(copy.deepcopy(tiny), kv_cache_dtype=cache_dtype)
     assert all(k.dtype == v.dtype == getattr(torch, cache_dtype) for k, v in halved.runner.kv_caches)
     assert next(halved.runner.model.parameters()).dtype == torch.float32
-    ours, theirs = run(halved), run(exact)
+    ours, theirs = tokens_for(halved, PROMPTS, GREEDY), tokens_for(exact, PROMPTS, GREEDY)
     agreed = sum(a == b for mine, ref in zip(ours, theirs) for a, b in zip(mine, ref))
     assert agreed >= 0.8 * sum(map(len, theirs))
     errors = []
@@ -100,7 +91,7 @@ def test_compiled_graphs_over_a_half_width_cache_give_the_eager_logits(tiny: Lla
     compiled = engine(model, EagerBeside, kv_cache_dtype=cache_dtype, cpu_compile="on", cpu_attention_kernel=kernel)
     graphs = compiled.runner.decode_graphs
     assert not graphs.failed and graphs.attention_kernel == kernel
-    run(compiled)
+    tokens_for(compiled, PROMPTS, GREEDY)
     assert len(compiled.runner.pairs) == GREEDY.max_tokens - 1  # every decode step took a graph
     for logits, eager in compiled.runner.pairs:
         torch.testing.assert_close(logits, eager, rtol=1e-4, atol=1e-4 * eager.abs().amax().item())

@@ -14,6 +14,7 @@ from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.settings import EngineSettings
 from services.worker.engine.types import RequestRejected
+from tests.unit.engine_runs import finish
 
 VOCAB = 50
 EOS = frozenset({2})
@@ -113,11 +114,7 @@ def test_greedy_with_penalties_equals_a_dense_loop_token_for_token(tiny):
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(5, 40))] for _ in PENALISED]
     engine = Engine(tiny, EngineSettings(max_batch_tokens=32, num_kv_blocks=64), eos_token_ids=())
     requests = [Request(f"r{i}", prompt, p) for i, (prompt, p) in enumerate(zip(prompts, PENALISED))]
-    for request in requests:
-        engine.add_request(request)
-    while engine.has_unfinished_requests():
-        engine.step()
-    outputs = [r.output_token_ids for r in requests]
+    outputs = finish(engine, requests)
     for request, prompt, p in zip(requests, prompts, PENALISED):
         assert request.output_token_ids == dense_greedy_penalised(tiny, prompt, p), request.request_id
     assert len({tuple(o) for o in outputs[:4]}) == 4  # the penalties did change the outputs
@@ -125,9 +122,7 @@ def test_greedy_with_penalties_equals_a_dense_loop_token_for_token(tiny):
 
 
 def run(engine: Engine, request: Request) -> Request:
-    engine.add_request(request)
-    while engine.has_unfinished_requests():
-        engine.step()
+    finish(engine, [request])
     return request
 
 
