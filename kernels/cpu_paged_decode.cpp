@@ -29,6 +29,8 @@ constexpr int64_t kCacheLine = 64;
 
 inline Vec load(const float* p) { return Vec::loadu(p); }
 
+// A bfloat16 or float16 cache, converted as it is loaded. Plain overloads, not one template: the
+// arguments' namespace (c10) has a `load` template of its own, which would make the call ambiguous.
 inline Vec load(const at::BFloat16* p) {
   Vec out;
   at::vec::load_to_float(p, out);

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     for cache in (REFERENCE, *HALF_WIDTH):
         settings = {"dtype": "float32"} | ({} if cache == REFERENCE else {"kv_cache_dtype": cache})
         peer = DrivetrainPeer(f"float32+{cache}_kv", 2048, kv_blocks_for([(64, args.new_tokens)] * args.streams),
-                              args.streams, settings=settings)
+                              args.streams, variant_settings=settings)
         outputs[cache] = peer.run(chat_prompts(peer.tokenizer, args.streams), args.new_tokens).tokens
         print(f"{cache} cache: {args.streams} streams decoded", flush=True)
         del peer

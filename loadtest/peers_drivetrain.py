@@ -55,14 +55,14 @@ class DrivetrainPeer:
     """Prefix caching off: every round must compute its prompts, as the peers do."""
 
     def __init__(self, variant: str, max_model_len: int, num_kv_blocks: int, max_num_seqs: int,
-                 settings: dict | None = None) -> None:
-        """settings: the engine settings the variant's name stands for; None: VARIANTS' entry."""
+                 variant_settings: dict | None = None) -> None:
+        """variant_settings: the engine settings the variant's name stands for; None: VARIANTS' entry."""
         self.name = f"drivetrain:{variant}"
         spec = resolve_model(SMOLLM2, max_model_len)
         settings = EngineSettings(
             max_num_seqs=max(max_num_seqs, 8), block_size=BLOCK_SIZE, enable_prefix_caching=False,
             num_kv_blocks=max(num_kv_blocks, cdiv(max_model_len, BLOCK_SIZE) + 1),
-            **(VARIANTS[variant] if settings is None else settings),
+            **(VARIANTS[variant] if variant_settings is None else variant_settings),
         )
         model, self.tokenizer = load_engine_model(spec, settings, torch.device("cpu"))
         quantized = "" if settings.quantization == "none" else f"+{settings.quantization}"
