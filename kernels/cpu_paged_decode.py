@@ -25,9 +25,10 @@ SOURCE = Path(__file__).with_suffix(".cpp")
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the kernel's compiled-in head sizes
 CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # The flags inductor's own C++ kernels get for the same capability: at::vec then uses those registers.
+# F16C converts a float16 cache's halves as they load (AVX-512F has the conversion of its own).
 ISA_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma"],
-    "AVX2": ["-mavx2", "-mfma"],
+    "AVX2": ["-mavx2", "-mfma", "-mf16c"],
 }
 
 
@@ -43,8 +44,7 @@ def available() -> bool:
         cpp_extension.load(
             name=f"drivetrain_cpu_paged_decode_{capability.lower()}",
             sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-fopenmp", f"-DCPU_CAPABILITY={capability}", f"-DCPU_CAPABILITY_{capability}",
-                          *ISA_FLAGS.get(capability, [])],
+            extra_cflags=compile_flags(capability),
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
         )
@@ -56,6 +56,12 @@ def available() -> bool:
         return False
     torch.library.register_fake("drivetrain::paged_decode_attention")(_shape_of_output)
     return True
+
+
+def compile_flags(capability: str) -> list[str]:
+    """The compiler's flags for one of PyTorch's CPU capabilities (AVX512, AVX2, or DEFAULT: none)."""
+    return ["-O3", "-fopenmp", f"-DCPU_CAPABILITY={capability}", f"-DCPU_CAPABILITY_{capability}",
+            *ISA_FLAGS.get(capability, [])]
 
 
 def _find_ninja() -> None:
