@@ -190,8 +190,17 @@ def write_kv_cpu(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cach
     """Copy this step's K/V (T, Hkv, D) into their slots of the caches, in place."""
     if plan.write_rows is not None:
         k, v = k[plan.write_rows], v[plan.write_rows]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, plan.write_slots, k.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, plan.write_slots, v.to(v_cache.dtype))
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, plan.write_slots, in_cache_dtype(k, k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, plan.write_slots, in_cache_dtype(v, v_cache.dtype))
+
+
+def in_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x as the cache keeps it. A float16 cache saturates at its largest finite value (65,504): an
+    infinite key would make its sequence's scores NaN, and every later token with them."""
+    if dtype == torch.float16 and x.dtype != dtype:
+        limit = torch.finfo(dtype).max
+        x = x.clamp(-limit, limit)
+    return x.to(dtype)
 
 
 def paged_attention_cpu(
@@ -302,8 +311,8 @@ def _write_slots(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cach
     """This step's K/V (n, Hkv, D) into their flat slots; the caches' flat (slots, Hkv, D) views."""
     num_kv_heads, head_dim = k_cache.shape[2:]
     k_flat, v_flat = k_cache.view(-1, num_kv_heads, head_dim), v_cache.view(-1, num_kv_heads, head_dim)
-    k_flat.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_flat.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    k_flat.index_copy_(0, slot_mapping, in_cache_dtype(k, k_cache.dtype))
+    v_flat.index_copy_(0, slot_mapping, in_cache_dtype(v, v_cache.dtype))
     return k_flat, v_flat
 
 

@@ -10,6 +10,14 @@ import copy
 import pytest
 import torch
 
+from kernels import cpu_paged_decode
+from kernels.cpu_attention import (
+    CpuAttentionPlan,
+    decode_group_attention,
+    decode_group_attention_kernel,
+    paged_attention_cpu,
+    write_kv_cpu,
+)
 from services.worker.engine.cpu_linear import use_cpu_linear_
 from services.worker.engine.engine import Engine
 from services.worker.engine.model import LlamaModel
@@ -95,6 +103,41 @@ def test_compiled_graphs_over_a_half_width_cache_give_the_eager_logits(tiny: Lla
     assert len(compiled.runner.pairs) == GREEDY.max_tokens - 1  # every decode step took a graph
     for logits, eager in compiled.runner.pairs:
         torch.testing.assert_close(logits, eager, rtol=1e-4, atol=1e-4 * eager.abs().amax().item())
+
+
+def write_then_attend_eagerly(q, k, v, k_cache, v_cache, slots, read_slots, visible, lens):
+    plan = CpuAttentionPlan.build(slots, read_slots[:, ::16] // 16, torch.tensor([0, 1]), lens, 16, kernel=True)
+    write_kv_cpu(k, v, k_cache, v_cache, plan)
+    return paged_attention_cpu(q, k_cache, v_cache, plan, 0.25)
+
+
+def decode_group_with_lengths(q, k, v, k_cache, v_cache, slots, read_slots, visible, lens):
+    return decode_group_attention_kernel(q, k, v, k_cache, v_cache, slots, read_slots, lens, 0.25)
+
+
+@pytest.mark.parametrize("write_and_attend", [
+    write_then_attend_eagerly,
+    lambda *args: decode_group_attention(*args[:-1], 0.25),
+    lambda *args: torch.compile(decode_group_attention, fullgraph=True)(*args[:-1], 0.25),
+    decode_group_with_lengths,
+], ids=["eager", "tensor_operations", "compiled", "kernel"])
+def test_a_float16_cache_saturates_rather_than_holding_infinities(write_and_attend) -> None:
+    """A key or value past float16's range is kept as its largest finite value: an infinite one would
+    turn its sequence's attention into NaNs from then on."""
+    assert cpu_paged_decode.available()  # the kernel's op registered: make test installs what building it takes
+    gen = torch.Generator().manual_seed(3)
+    k_cache, v_cache = (torch.randn(3, 16, 2, 16, generator=gen).half() for _ in range(2))
+    big = torch.tensor([1e6, -1e6]).repeat(8)  # (16,): beyond 65,504 either way
+    k, v = big.expand(1, 2, 16).clone(), (-big).expand(1, 2, 16).clone()
+    slots, lens = torch.tensor([16 + 5]), torch.tensor([6])  # block 1's sixth slot: the sixth position
+    read_slots = torch.arange(16, 32)[None]
+    visible = (torch.arange(16) < 6)[None, None, None, :]
+    q = torch.randn(1, 4, 16, generator=gen) * 1e-3
+    out = write_and_attend(q, k, v, k_cache, v_cache, slots, read_slots, visible, lens)
+    limit = torch.finfo(torch.float16).max
+    assert torch.equal(k_cache[1, 5].float(), big.clamp(-limit, limit).expand(2, 16))
+    assert torch.equal(v_cache[1, 5].float(), (-big).clamp(-limit, limit).expand(2, 16))
+    assert torch.isfinite(out).all()
 
 
 def test_a_gpu_keeps_the_weights_dtype_in_its_cache() -> None:

@@ -50,7 +50,7 @@ class EngineSettings(CacheSharing):
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """weights and KV cache; auto: bfloat16 on a GPU, float32 on a CPU"""
     kv_cache_dtype: Literal["auto", "float16", "bfloat16"] = "auto"
-    """keys and values in the KV cache: auto, the weights' dtype; float16 or bfloat16 under float32 weights on a CPU halves the cache's memory and the bytes each decode step reads, at the cost of greedy output matching float32's exactly: float16 (llama.cpp's default under f32 weights) keeps three more bits of each value, bfloat16 float32's range"""
+    """keys and values in the KV cache: auto, the weights' dtype; float16 or bfloat16 under float32 weights on a CPU halves the cache's memory and the bytes each decode step reads, at the cost of greedy output matching float32's exactly: float16 (llama.cpp's default under f32 weights) keeps three more bits of each value (past ±65,504 it saturates), bfloat16 float32's range"""
     quantization: Literal["none", "int8", "int4", "w8a8"] = "none"
     """CPU: weight-only quantization, for fewer bytes read per token: int8 (a quarter of float32's), or int4 projections in llama.cpp's Q4_1 layout with an int8 output layer (about a seventh); or w8a8, int8 weights and activations multiplied in integers, for many streams and long prompts, which are bound by arithmetic"""
     overlap_scheduling: Literal["auto", "on", "off"] = "auto"
