@@ -5,7 +5,7 @@ the fastest product rate timed here, against what Drivetrain and llama.cpp measu
 The products of a step are the model's weights times its rows: 2 x weights FLOPs a row (the output
 layer only for rows that are sampled). Attention, norms and the host's work are left out, so the
 bound is generous. The rate is the fastest product timed here, with the benchmark's threads
-(medians of repeats): a square one through PyTorch's matmul (MKL) and through oneDNN's packed
+(medians of at least a second of repeats): a square one through PyTorch's matmul (MKL) and through oneDNN's packed
 kernels, and the model's own at the workload's rows through the packed kernels, as the engine
 multiplies them (services/worker/engine/cpu_linear.py).
 
@@ -30,6 +30,7 @@ from shared.models.shapes import ModelConfig
 from shared.models.spec import resolve_model
 
 REPEATS = 15
+MEASURE_S = 1.0  # at least this long per product: 15 repeats of a sub-millisecond one caught the cores cold
 SQUARE = 2048
 
 
@@ -66,8 +67,8 @@ def gflops(rows: int, inner: int, cols: int, packed: bool) -> float:
         product = lambda: x @ dense  # noqa: E731
     for _ in range(3):
         product()
-    times = []
-    for _ in range(REPEATS):
+    times: list[float] = []
+    while len(times) < REPEATS or sum(times) < MEASURE_S:
         start = time.perf_counter()
         product()
         times.append(time.perf_counter() - start)
