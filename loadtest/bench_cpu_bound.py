@@ -5,9 +5,9 @@ the fastest product rate timed here, against what Drivetrain and llama.cpp measu
 The products of a step are the model's weights times its rows: 2 x weights FLOPs a row (the output
 layer only for rows that are sampled). Attention, norms and the host's work are left out, so the
 bound is generous. The rate is the fastest product timed here, with the benchmark's threads
-(medians of at least a second of repeats): a square one through PyTorch's matmul (MKL) and through oneDNN's packed
-kernels, and the model's own at the workload's rows through the packed kernels, as the engine
-multiplies them (services/worker/engine/cpu_linear.py).
+(medians of at least a second of repeats): a square one through PyTorch's matmul (MKL) and
+through oneDNN's packed kernels, and the model's own at the workload's rows through the packed
+kernels, as the engine multiplies them (services/worker/engine/cpu_linear.py).
 
     python loadtest/bench_cpu_bound.py --peers loadtest/results/peers_cpu_f32_64_zen5.json \\
         --json loadtest/results/cpu_bound_64.json
