@@ -190,8 +190,15 @@ def write_kv_cpu(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cach
     """Copy this step's K/V (T, Hkv, D) into their slots of the caches, in place."""
     if plan.write_rows is not None:
         k, v = k[plan.write_rows], v[plan.write_rows]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, plan.write_slots, in_cache_dtype(k, k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, plan.write_slots, in_cache_dtype(v, v_cache.dtype))
+    write_slots(k, v, k_cache, v_cache, plan.write_slots)
+
+
+def write_slots(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                slots: torch.Tensor) -> None:
+    """K/V rows (n, Hkv, D) into their flat slots (n,) of the caches (num_blocks, block_size, Hkv, D),
+    in place, in the caches' dtype."""
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, in_cache_dtype(k, k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, in_cache_dtype(v, v_cache.dtype))
 
 
 def in_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -227,8 +234,7 @@ def paged_attention_cpu(
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
             plan: CpuAttentionPlan, scale: float) -> torch.Tensor:  # (n, Hq, D)
     if group.read_slots is not None:  # the kernel reads the blocks where they lie: no gathered copies
-        out = paged_decode_attention(q.float().contiguous(), k_cache, v_cache, group.read_slots, group.contexts, scale)
-        return out.to(q.dtype)
+        return decode_group_attention_kernel(q, k_cache, v_cache, group.read_slots, group.contexts, scale)
     keys = plan.gather(k_cache, group.blocks, "k", q.dtype)  # (n, Hkv, S, D)
     values = plan.gather(v_cache, group.blocks, "v", q.dtype)
     return _attend_one_each(q, keys, values, group.visible, scale)
@@ -245,19 +251,12 @@ def _attend_one_each(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     return out.reshape(n, num_q_heads, head_dim)
 
 
-def decode_group_attention(
-    q: torch.Tensor,  # (n, Hq, D): one new token per sequence
-    k: torch.Tensor,  # (n, Hkv, D)
-    v: torch.Tensor,  # (n, Hkv, D)
-    k_cache: torch.Tensor,  # (num_blocks, block_size, Hkv, D)
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,  # (n,) int64 flat slots of the new tokens
-    read_slots: torch.Tensor,  # (n, S) int64: the flat slot of each position read (PAD_BLOCK's past a table)
-    visible: torch.Tensor,  # (n, 1, 1, S) bool: positions within each context
-    scale: float,
-) -> torch.Tensor:  # (n, Hq, D)
-    """Write this step's K/V, then attend: one decode group in plain tensor operations (no plan, no
-    reused buffers), which is what a compiled graph captures. Equals paged_attention_cpu's decode.
+def decode_group_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           read_slots: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
+    """(n, Hq, D) outputs of one new query per sequence, over the positions at its flat slots
+    read_slots (n, S) (the null block's past a table) that are visible (n, 1, 1, S), this step's
+    K/V written already: a decode group in plain tensor operations (no plan, no reused buffers),
+    which is what a compiled graph captures. Equals paged_attention_cpu's decode.
 
     Products and sums of broadcast tensors rather than matrix products or the fused attention
     kernel: compiled, each reads the cache's blocks where they lie, the mask and the softmax fuse,
@@ -272,8 +271,8 @@ def decode_group_attention(
     at context 600 118 against 121 us, 16 at 300 384 against 413, 64 at 144 722 against 786, 64 at
     400 3.84 against 4.27 ms; medians of 7 rounds taking turns), too little to show in a whole SmolLM2
     float32 step of 64 rows (paired 0.996 over 6 rounds, the same tokens)."""
-    k_flat, v_flat = _write_slots(k, v, k_cache, v_cache, slot_mapping)
     num_kv_heads, head_dim = k_cache.shape[2:]
+    k_flat, v_flat = k_cache.view(-1, num_kv_heads, head_dim), v_cache.view(-1, num_kv_heads, head_dim)
     n, length = read_slots.shape
     num_q_heads = q.shape[1]
     # In float32 whatever the cache's dtype: compiled, the conversion happens as each value is loaded.
@@ -286,34 +285,14 @@ def decode_group_attention(
     return out.reshape(n, num_q_heads, head_dim).to(q.dtype)
 
 
-def decode_group_attention_kernel(
-    q: torch.Tensor,  # (n, Hq, D): one new token per sequence
-    k: torch.Tensor,  # (n, Hkv, D)
-    v: torch.Tensor,  # (n, Hkv, D)
-    k_cache: torch.Tensor,  # (num_blocks, block_size, Hkv, D)
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,  # (n,) int64 flat slots of the new tokens
-    read_slots: torch.Tensor,  # (n, S) int64: the flat slot of each position read
-    lengths: torch.Tensor,  # (n,) int64: each context's length, this token's included
-    scale: float,
-) -> torch.Tensor:  # (n, Hq, D)
-    """decode_group_attention through the C++ kernel (cpu_paged_decode.cpp), which takes well under
-    half the time where many sequences decode: SmolLM2's shapes, 64 rows at contexts of 90-140, 30
-    layers' caches in turn, both compiled as the graphs compile them, 9 rounds taking turns: 395
-    against 1,026 us a layer (29 against 11 GB/s of keys and values; paired ratio 2.6)."""
-    _write_slots(k, v, k_cache, v_cache, slot_mapping)
-    out = paged_decode_attention(q.float().contiguous(), k_cache, v_cache, read_slots, lengths, scale)
-    return out.to(q.dtype)
-
-
-def _write_slots(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """This step's K/V (n, Hkv, D) into their flat slots; the caches' flat (slots, Hkv, D) views."""
-    num_kv_heads, head_dim = k_cache.shape[2:]
-    k_flat, v_flat = k_cache.view(-1, num_kv_heads, head_dim), v_cache.view(-1, num_kv_heads, head_dim)
-    k_flat.index_copy_(0, slot_mapping, in_cache_dtype(k, k_cache.dtype))
-    v_flat.index_copy_(0, slot_mapping, in_cache_dtype(v, v_cache.dtype))
-    return k_flat, v_flat
+def decode_group_attention_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                  read_slots: torch.Tensor, lengths: torch.Tensor, scale: float) -> torch.Tensor:
+    """decode_group_attention through the C++ kernel (cpu_paged_decode.cpp), each sequence reading
+    its context's length (n,) of positions: well under half the time where many sequences decode.
+    SmolLM2's shapes, 64 rows at contexts of 90-140, 30 layers' caches in turn, both compiled as the
+    graphs compile them, 9 rounds taking turns: 395 against 1,026 us a layer (29 against 11 GB/s of
+    keys and values; paired ratio 2.6)."""
+    return paged_decode_attention(q.float().contiguous(), k_cache, v_cache, read_slots, lengths, scale).to(q.dtype)
 
 
 def _whole(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prompts: WholePrompts,

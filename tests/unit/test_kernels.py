@@ -14,6 +14,7 @@ from kernels.cpu_attention import (
     decode_group_attention,
     paged_attention_cpu,
     write_kv_cpu,
+    write_slots,
 )
 from kernels.decode_attention import (
     paged_decode_attention,
@@ -355,7 +356,8 @@ def test_a_decode_group_writes_then_attends_like_the_ref(dtype: torch.dtype) -> 
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
     write_kv_ref(k, v, expected_k, expected_v, slots)
     expected = paged_decode_attention_ref(q.float(), expected_k.float(), expected_v.float(), tables, lens, 0.2)
-    out = decode_group_attention(q, k, v, k_cache, v_cache, slots, read_slots, visible, 0.2)
+    write_slots(k, v, k_cache, v_cache, slots)
+    out = decode_group_attention(q, k_cache, v_cache, read_slots, visible, 0.2)
     assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
     atol, rtol = (ATOL, RTOL) if dtype == torch.float32 else (1e-2, 1e-2)
     assert out.dtype == dtype

@@ -17,6 +17,7 @@ from kernels.cpu_attention import (
     decode_group_attention_kernel,
     paged_attention_cpu,
     write_kv_cpu,
+    write_slots,
 )
 from services.worker.engine.cpu_linear import use_cpu_linear_
 from services.worker.engine.engine import Engine
@@ -111,15 +112,21 @@ def write_then_attend_eagerly(q, k, v, k_cache, v_cache, slots, read_slots, visi
     return paged_attention_cpu(q, k_cache, v_cache, plan, 0.25)
 
 
-def decode_group_with_lengths(q, k, v, k_cache, v_cache, slots, read_slots, visible, lens):
-    return decode_group_attention_kernel(q, k, v, k_cache, v_cache, slots, read_slots, lens, 0.25)
+def write_then_attend_by_tensor_operations(q, k, v, k_cache, v_cache, slots, read_slots, visible, lens):
+    write_slots(k, v, k_cache, v_cache, slots)
+    return decode_group_attention(q, k_cache, v_cache, read_slots, visible, 0.25)
+
+
+def write_then_attend_with_lengths(q, k, v, k_cache, v_cache, slots, read_slots, visible, lens):
+    write_slots(k, v, k_cache, v_cache, slots)
+    return decode_group_attention_kernel(q, k_cache, v_cache, read_slots, lens, 0.25)
 
 
 @pytest.mark.parametrize("write_and_attend", [
     write_then_attend_eagerly,
-    lambda *args: decode_group_attention(*args[:-1], 0.25),
-    lambda *args: torch.compile(decode_group_attention, fullgraph=True)(*args[:-1], 0.25),
-    decode_group_with_lengths,
+    write_then_attend_by_tensor_operations,
+    torch.compile(write_then_attend_by_tensor_operations, fullgraph=True),
+    write_then_attend_with_lengths,
 ], ids=["eager", "tensor_operations", "compiled", "kernel"])
 def test_a_float16_cache_saturates_rather_than_holding_infinities(write_and_attend) -> None:
     """A key or value past float16's range is kept as its largest finite value: an infinite one would

@@ -13,6 +13,7 @@ from kernels.cpu_attention import (
     decode_group_attention_kernel,
     paged_attention_cpu,
     write_kv_cpu,
+    write_slots,
 )
 from kernels.decode_attention import paged_decode_attention
 from kernels.kv_write import write_kv
@@ -71,11 +72,10 @@ def paged_attention(
 ) -> torch.Tensor:  # (T, Hq, D)
     """Store this step's K/V in the cache, then attend over each sequence's whole cached context."""
     if isinstance(meta, DecodeGroupMetadata):
+        write_slots(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.lengths is not None:
-            return decode_group_attention_kernel(q, k, v, k_cache, v_cache, meta.slot_mapping, meta.read_slots,
-                                                 meta.lengths, scale)
-        return decode_group_attention(q, k, v, k_cache, v_cache, meta.slot_mapping, meta.read_slots, meta.visible,
-                                      scale)
+            return decode_group_attention_kernel(q, k_cache, v_cache, meta.read_slots, meta.lengths, scale)
+        return decode_group_attention(q, k_cache, v_cache, meta.read_slots, meta.visible, scale)
     if not q.is_cuda:
         plan = meta.cpu_plan(k_cache.shape[1])
         write_kv_cpu(k, v, k_cache, v_cache, plan)
