@@ -1,19 +1,19 @@
-"""How long one stream's products take per token with each weight format's CPU kernel, against the
-token time llama.cpp measured in a run of `bench_peers.py`: whether the one-stream target can be met
-with the kernels the engine multiplies with.
+"""How long one stream's products take per token with each weight format, as the engine's compiled
+decode step multiplies them, against the token time llama.cpp measured in a run of `bench_peers.py`:
+whether the one-stream target can be met with the kernels the engine gets.
 
-A decoding stream multiplies one row by every weight once per token. Each format here is timed as
-the engine's compiled step calls it, over a copy of every layer's weights (cold, as a step reads
-them from memory, not from a cache that holds one layer): float32 through oneDNN's packed kernels
-(services/worker/engine/cpu_linear.py; a compiled graph's own kernels, where it picks them, read
-the same bytes), int8 and int4 through PyTorch's packed-weight kernels with
-bfloat16 rows (services/worker/engine/quantize.py; int4 with its int8 output layer, as the engine
-quantizes). Beside each, the time the weights' bytes take to read at this machine's read bandwidth
-(a sum over a tensor larger than the caches): a kernel well above it is bound by its arithmetic.
-Attention, norms and the host's work are left out, so the bound is generous. Rounds take turns
-between the formats; each figure is a median.
+A decoding stream multiplies one row by every weight once per token. Each format's products (every
+layer's projections and the output layer, each over weights of its own, so that they are read from
+memory as a step reads them, not from a cache that holds one layer) compile into one graph with the
+options of the engine's graphs for one row (services/worker/engine/cpu_graphs.py: frozen weights,
+inductor's GEMM templates timed against ATen's kernels): float32 as the few-rows module multiplies
+the dense weights, int8 and int4 as services/worker/engine/quantize.py builds them (int4 with its
+int8 output layer). Beside each, the time its weights' bytes take to read at this machine's read
+bandwidth (a sum over a tensor larger than the caches): a format well above it is bound by its
+arithmetic. Attention, norms and the host's work are left out, so the bound is generous. Rounds
+take turns between the formats; each figure is a median.
 
-    python loadtest/bench_cpu_one_row.py --peers loadtest/results/peers_cpu_zen3_avx2_quantized.json \\
+    python loadtest/bench_cpu_one_row.py --peers loadtest/results/peers_cpu_zen3_avx2_int8.json \\
         --json loadtest/results/cpu_one_row_zen3_avx2.json
 """
 
@@ -28,68 +28,63 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch._inductor.config as inductor_config
 from bench_cpu_bound import model_products
 from torch import nn
 
-from services.worker.engine.cpu_linear import pack, project
+from services.worker.engine.cpu_graphs import FEW_ROWS, QUANTIZED
 from services.worker.engine.quantize import Int4Linear, Int8Linear
 from shared.models.spec import resolve_model
 
 MEASURE_S = 1.0  # each round times a format's products for at least this long
 READ_BYTES = 1 << 30  # the bandwidth probe's tensor: far larger than any cache
-ROW_DTYPES = {"float32": torch.float32, "int8": torch.bfloat16, "int4": torch.bfloat16}
+FORMATS = ("float32", "int8", "int4")
 
 
-class Packed(nn.Module):
-    """A float32 weight packed for oneDNN, multiplied as the engine's CpuLinear does."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.packed = pack(weight)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return project(x, self.packed)
+def dense(weight: torch.Tensor) -> nn.Linear:
+    """A float32 projection as the few-rows graph traces it: the dense weight, packed by inductor."""
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    return linear
 
 
-def layer_kinds(scheme: str) -> tuple[type[nn.Module], type[nn.Module]]:
+def layer_kinds(scheme: str) -> tuple[Callable[[torch.Tensor], nn.Module], Callable[[torch.Tensor], nn.Module]]:
     """(the projections' module, the output layer's) for a format, as the engine builds them."""
-    return {"float32": (Packed, Packed), "int8": (Int8Linear, Int8Linear), "int4": (Int4Linear, Int8Linear)}[scheme]
+    return {"float32": (dense, dense), "int8": (Int8Linear, Int8Linear), "int4": (Int4Linear, Int8Linear)}[scheme]
 
 
 def weight_bytes(module: nn.Module) -> int:
     """What one product reads: the weight and its scales."""
-    tensors = [*module.buffers(), *(t for t in vars(module).values() if isinstance(t, torch.Tensor))]
-    return sum(t.numel() * t.element_size() if not t.is_mkldnn else 4 * t.numel() for t in tensors)
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
 
-def kernel_call(module: nn.Module, x: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """The module's product as the compiled step calls it: the kernel alone, not the module's
-    reshapes and casts around it (a compiled graph fuses those into its neighbours)."""
-    if isinstance(module, Int4Linear):
-        codes, group, scales = module.weight, module.group, module.scales_and_zeros
-        return lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, codes, group, scales)
-    if isinstance(module, Int8Linear):
-        return lambda: torch.ops.aten._weight_int8pack_mm(x, module.weight, module.scale)
-    return lambda: module(x)
+class Products(nn.Module):
+    """Each layer's product of its own row: one decode step's products, as one graph."""
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, rows: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [layer(x) for layer, x in zip(self.layers, rows, strict=True)]
 
 
 def one_token(scheme: str, num_layers: int, shapes: dict[str, tuple[int, int, int]]) -> tuple[Callable[[], None], int]:
-    """A call that runs one row through every layer's projections and the output layer, and the bytes
-    of weights it reads."""
+    """A call that runs one row through every layer's products, compiled as the engine compiles them,
+    and the bytes of weights it reads."""
     projection, output = layer_kinds(scheme)
-    products: list[tuple[nn.Module, torch.Tensor]] = []
-    for name, (rows, inner, cols) in shapes.items():
+    layers: list[nn.Module] = []
+    rows: list[torch.Tensor] = []
+    for name, (num_rows, inner, cols) in shapes.items():
         kind, copies = (output, 1) if name == "output" else (projection, num_layers)
-        x = torch.randn(rows, inner).to(ROW_DTYPES[scheme])
-        products += [(kind(torch.randn(cols, inner) * 0.02), x) for _ in range(copies)]
-
-    calls = [kernel_call(module, x) for module, x in products]
-
-    def run() -> None:
-        for call in calls:
-            call()
-
-    return run, sum(weight_bytes(module) for module, _ in products)
+        layers += [kind(torch.randn(cols, inner) * 0.02) for _ in range(copies)]
+        rows += [torch.randn(num_rows, inner) for _ in range(copies)]
+    products = Products(layers).eval()
+    options = (FEW_ROWS if scheme == "float32" else QUANTIZED).inductor_options
+    compiled = torch.compile(products, dynamic=False)
+    with inductor_config.patch(options):
+        compiled(rows)
+    return lambda: compiled(rows), sum(weight_bytes(layer) for layer in layers)
 
 
 def read_gb_s() -> float:
@@ -130,7 +125,7 @@ def main() -> None:
     config = resolve_model("smollm2").config
     shapes = model_products(config, rows=1)
     with torch.no_grad():
-        tokens = {scheme: one_token(scheme, config.num_layers, shapes) for scheme in ROW_DTYPES}
+        tokens = {scheme: one_token(scheme, config.num_layers, shapes) for scheme in FORMATS}
         bandwidth = read_gb_s()
         per_round: dict[str, list[float]] = {scheme: [] for scheme in tokens}
         for _ in range(args.rounds):
@@ -156,8 +151,7 @@ def main() -> None:
         "meta": {"command": " ".join(["loadtest/bench_cpu_one_row.py", *sys.argv[1:]]), "threads": threads,
                  "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                  "peers_run": peers["meta"]["command"], "rounds": args.rounds,
-                 "notes": "float32 through oneDNN's packed kernels, the eager step's; a compiled graph's autotuned "
-                          "kernels may beat them at one row. Products only: a generous bound."},
+                 "notes": "products only, compiled as the engine's one-row graphs: a generous bound"},
         "read_gb_s": bandwidth,
         "peer": args.peer,
         "peer_tok_s": peer_tok_s,
