@@ -52,7 +52,7 @@ class EngineSettings(CacheSharing):
     kv_cache_dtype: Literal["auto", "float16", "bfloat16"] = "auto"
     """keys and values in the KV cache: auto, the weights' dtype; float16 or bfloat16 under float32 weights on a CPU halves the cache's memory and the bytes each decode step reads, at the cost of greedy output matching float32's exactly: float16 (llama.cpp's default under f32 weights) keeps three more bits of each value (past ±65,504 it saturates), bfloat16 float32's range"""
     quantization: Literal["none", "int8", "int4", "w8a8"] = "none"
-    """CPU: weight-only quantization, for fewer bytes read per token: int8 (a quarter of float32's), or int4 projections in llama.cpp's Q4_1 layout with an int8 output layer (about a seventh); or w8a8, int8 weights and activations multiplied in integers, for many streams and long prompts, which are bound by arithmetic"""
+    """CPU: weight-only quantization, for fewer bytes read per token: int8 (a quarter of float32's), or int4 projections in llama.cpp's Q4_1 layout with an int8 output layer (about a seventh; with AVX2 alone, PyTorch's int4 kernel is bound by its arithmetic and compiled int8 decodes one stream faster); or w8a8, int8 weights and activations multiplied in integers, for many streams and long prompts, which are bound by arithmetic"""
     overlap_scheduling: Literal["auto", "on", "off"] = "auto"
     """schedule each step while the step before still runs on the device, so the host's work per step (scheduling, inputs, the tokens' update) hides behind the device's; auto: on a GPU (a CPU computes as it is asked: nothing to hide behind)"""
     cpu_compile: CpuCompile = "off"
