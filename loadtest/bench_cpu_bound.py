@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from bench_report import print_and_write, pyplot
 
 from services.worker.engine.cpu_linear import pack, project
 from shared.models.shapes import ModelConfig
@@ -117,19 +118,12 @@ def main() -> None:
         "target_within_bound": bound_tok_s >= args.target * peer,
         "share_of_bound": {engine: tok_s / bound_tok_s for engine, tok_s in medians.items()},
     }
-    print(json.dumps(results, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-        plot(results, args.json.with_suffix(".png"))
+    print_and_write(results, args.json, plot)
 
 
 def plot(results: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     bound = {"float32 products only": results["bound_tok_s"], "target": results["needed_tok_s"]}
     bars = {**results["measured_tok_s"], **bound}

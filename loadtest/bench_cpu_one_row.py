@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch._inductor.config as inductor_config
 from bench_cpu_bound import model_products
+from bench_report import print_and_write, pyplot
 from torch import nn
 
 from services.worker.engine.cpu_graphs import FEW_ROWS, QUANTIZED
@@ -160,19 +161,12 @@ def main() -> None:
         "budget_ms_a_token": budget_ms,
         "formats": formats,
     }
-    print(json.dumps(results, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-        plot(results, args.json.with_suffix(".png"))
+    print_and_write(results, args.json, plot)
 
 
 def plot(results: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     formats = results["formats"]
     names = list(formats)

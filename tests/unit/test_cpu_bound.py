@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
-from loadtest.bench_cpu_bound import weights_per_row
 from services.worker.engine.model import LlamaModel
 from shared.models.spec import resolve_model
 
 
-def test_a_rows_multiplies_are_the_models_projection_weights():
+def test_a_rows_multiplies_are_the_models_projection_weights(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "loadtest"))
+    from bench_cpu_bound import weights_per_row
+
     config = resolve_model("tiny").config
     with torch.device("meta"):
         model = LlamaModel(config)
