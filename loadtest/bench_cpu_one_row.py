@@ -70,7 +70,8 @@ class Products(nn.Module):
         return [layer(x) for layer, x in zip(self.layers, rows, strict=True)]
 
 
-def one_token(scheme: str, num_layers: int, shapes: dict[str, tuple[int, int, int]]) -> tuple[Callable[[], None], int]:
+def one_token(scheme: str, num_layers: int,
+              shapes: dict[str, tuple[int, int, int]]) -> tuple[Callable[[], list[torch.Tensor]], int]:
     """A call that runs one row through every layer's products, compiled as the engine compiles them,
     and the bytes of weights it reads."""
     projection, output = layer_kinds(scheme)
@@ -100,7 +101,7 @@ def read_gb_s() -> float:
     return READ_BYTES / statistics.median(times) / 1e9
 
 
-def timed_ms(run: Callable[[], None]) -> float:
+def timed_ms(run: Callable[[], object]) -> float:
     """The median time of a call over at least MEASURE_S of calls, in ms."""
     run()
     times: list[float] = []
@@ -121,6 +122,9 @@ def main() -> None:
     args = parser.parse_args()
 
     peers = json.loads(args.peers.read_text())
+    measured = peers.get("workloads", {}).get("decode_1", {}).get("median", {})
+    if args.peer not in measured:  # checked before minutes of compiling, not after
+        parser.error(f"{args.peers} has no decode_1 figure for {args.peer!r}; it has {sorted(measured)}")
     threads = peers["meta"]["threads"]
     torch.set_num_threads(threads)
     config = resolve_model("smollm2").config
@@ -132,9 +136,8 @@ def main() -> None:
         for _ in range(args.rounds):
             for scheme, (run, _) in tokens.items():
                 per_round[scheme].append(timed_ms(run))
-    peer_tok_s = peers["workloads"]["decode_1"]["median"][args.peer]
+    peer_tok_s = measured[args.peer]
     budget_ms = 1e3 / (args.target * peer_tok_s)
-    measured = peers["workloads"]["decode_1"]["median"]
     formats = {}
     for scheme, (_, nbytes) in tokens.items():
         ms = statistics.median(per_round[scheme])
