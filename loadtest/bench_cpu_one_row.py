@@ -6,14 +6,14 @@ A decoding stream multiplies one row by every weight once per token. Each format
 layer's projections and the output layer, each over weights of its own, so that they are read from
 memory as a step reads them, not from a cache that holds one layer) compile into one graph with the
 options of the engine's graphs for one row (services/worker/engine/cpu_graphs.py: frozen weights,
-inductor's GEMM templates timed against ATen's kernels): float32 as the few-rows module multiplies
-the dense weights, int8 and int4 as services/worker/engine/quantize.py builds them (int4 with its
-int8 output layer). Beside each, the time its weights' bytes take to read at this machine's read
-bandwidth (a sum over a tensor larger than the caches): a format well above it is bound by its
-arithmetic. Attention, norms and the host's work are left out, so the bound is generous. Rounds
-take turns between the formats; each figure is a median.
+inductor's GEMM templates timed against ATen's kernels, or inductor's alone for int8): float32 as
+the few-rows module multiplies the dense weights, int8 and int4 as services/worker/engine/quantize.py
+builds them (int4 with its int8 output layer). Beside each, the time its weights' bytes take to
+read at this machine's read bandwidth (a sum over a tensor larger than the caches): a format well
+above it is bound by its arithmetic. Attention, norms and the host's work are left out, so the
+bound is generous. Rounds take turns between the formats; each figure is a median.
 
-    python loadtest/bench_cpu_one_row.py --peers loadtest/results/peers_cpu_zen3_avx2_int8.json \\
+    python loadtest/bench_cpu_one_row.py --peers loadtest/results/peers_cpu_zen3_avx2_int8_one_row.json \\
         --json loadtest/results/cpu_one_row_zen3_avx2.json
 """
 
@@ -33,7 +33,7 @@ from bench_cpu_bound import model_products
 from bench_report import print_and_write, pyplot
 from torch import nn
 
-from services.worker.engine.cpu_graphs import FEW_ROWS, QUANTIZED
+from services.worker.engine.cpu_graphs import FEW_ROWS, quantized_plans
 from services.worker.engine.quantize import Int4Linear, Int8Linear
 from shared.models.spec import resolve_model
 
@@ -82,9 +82,9 @@ def one_token(scheme: str, num_layers: int,
         layers += [kind(torch.randn(cols, inner) * 0.02) for _ in range(copies)]
         rows += [torch.randn(num_rows, inner) for _ in range(copies)]
     products = Products(layers).eval()
-    options = (FEW_ROWS if scheme == "float32" else QUANTIZED).inductor_options
+    options = (FEW_ROWS if scheme == "float32" else quantized_plans(scheme)[0]).inductor_options
     compiled = torch.compile(products, dynamic=False)
-    with inductor_config.patch(options):
+    with inductor_config.patch(options), torch.no_grad():  # frozen only without autograd, as the engine's
         compiled(rows)
     return lambda: compiled(rows), sum(weight_bytes(layer) for layer in layers)
 

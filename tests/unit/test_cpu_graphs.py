@@ -10,7 +10,17 @@ import torch
 
 from services.worker.engine import cpu_graphs
 from services.worker.engine.attention import AttentionMetadata
-from services.worker.engine.cpu_graphs import BFLOAT16, FEW_ROWS, MANY_ROWS, MIN_BLOCKS, QUANTIZED, decode_group
+from services.worker.engine.cpu_graphs import (
+    BFLOAT16,
+    FEW_ROWS,
+    INT8_KERNEL_CAPABILITIES,
+    INT8_ONE_ROW,
+    INT8_ROWS,
+    MANY_ROWS,
+    MIN_BLOCKS,
+    QUANTIZED,
+    decode_group,
+)
 from services.worker.engine.cpu_linear import use_cpu_linear_
 from services.worker.engine.engine import Engine
 from services.worker.engine.model import LlamaModel
@@ -223,8 +233,7 @@ class EagerBesideGraphs(ModelRunner):
 
 
 def test_bfloat16_compiles_one_module_for_every_batch_with_the_eager_logits(tiny: LlamaModel, one_torch_thread) -> None:
-    """oneDNN's bfloat16 products outrun the autotuned kernels at a few rows too (cpu_graphs.BFLOAT16).
-    Logits, not tokens: bfloat16 rounds differently in fused kernels, and greedy breaks near-ties apart."""
+    """oneDNN's bfloat16 products outrun the autotuned kernels at a few rows too (cpu_graphs.BFLOAT16)."""
     settings = EngineSettings(num_kv_blocks=64, cpu_compile="on")
     engine = Engine(copy.deepcopy(tiny).to(torch.bfloat16), settings, 512, eos_token_ids=(), runner_cls=EagerBesideGraphs)
     graphs = engine.runner.decode_graphs
@@ -233,9 +242,44 @@ def test_bfloat16_compiles_one_module_for_every_batch_with_the_eager_logits(tiny
         engine.runner.pairs.clear()
         run(engine, batch, f"b{len(batch)}")
         assert len(engine.runner.pairs) == GREEDY.max_tokens - 1  # every decode step took the graph
-        for logits, eager in engine.runner.pairs:
-            assert logits.shape == eager.shape == (len(batch), tiny.config.vocab_size)
-            scale = eager.abs().amax().item()
-            # Measured: up to 0.022 and 0.0027 of the scale; attending to 3 positions past each context, 0.0055.
-            torch.testing.assert_close(logits, eager, rtol=0, atol=0.04 * scale)
-            assert (logits - eager).abs().mean() < 0.004 * scale
+        assert_close_to_eager(engine.runner.pairs, len(batch), tiny.config.vocab_size)
+
+
+def assert_close_to_eager(pairs: list[tuple[torch.Tensor, torch.Tensor]], rows: int, vocab_size: int) -> None:
+    """Bfloat16 rows round differently in fused kernels, and greedy breaks near-ties apart: logits, not tokens.
+    Measured for bfloat16 weights: up to 0.022 and 0.0027 of the scale (attending to 3 positions past each
+    context, 0.0055)."""
+    for logits, eager in pairs:
+        assert logits.shape == eager.shape == (rows, vocab_size)
+        scale = eager.abs().amax().item()
+        torch.testing.assert_close(logits, eager, rtol=0, atol=0.04 * scale)
+        assert (logits - eager).abs().mean() < 0.004 * scale
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in INT8_KERNEL_CAPABILITIES,
+                    reason="inductor has no weight-only int8 kernel for this CPU's vector ISA")
+def test_one_int8_row_multiplies_through_inductors_kernels_alone(tiny: LlamaModel, one_torch_thread) -> None:
+    """Autotuning may pick ATen's int8 product on weights that stay in the cache, which read from memory
+    is the slower one (cpu_graphs.INT8_ONE_ROW): no one-row graph step may call it."""
+    settings = EngineSettings(num_kv_blocks=64, cpu_compile="on")
+    model = quantize_(copy.deepcopy(tiny), "int8")
+    engine = Engine(model, settings, 512, eos_token_ids=(), runner_cls=EagerBesideGraphs)
+    graphs = engine.runner.decode_graphs
+    assert not graphs.failed and graphs.plans == (INT8_ONE_ROW, INT8_ROWS)
+    aten_products: list[int] = []  # per one-row step the graph took
+    graph_logits = graphs.logits
+
+    def counted(input_ids: torch.Tensor, *args) -> torch.Tensor | None:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            logits = graph_logits(input_ids, *args)
+        if logits is not None and input_ids.shape[0] == 1:
+            aten_products.append(sum(event.name == "aten::_weight_int8pack_mm" for event in profile.events()))
+        return logits
+
+    graphs.logits = counted
+    for batch in ([list(range(7, 29))], [list(range(100 + 3 * i, 130 + 3 * i)) for i in range(3)]):
+        engine.runner.pairs.clear()
+        run(engine, batch, f"b{len(batch)}")
+        assert len(engine.runner.pairs) == GREEDY.max_tokens - 1  # every decode step took a graph
+        assert_close_to_eager(engine.runner.pairs, len(batch), tiny.config.vocab_size)
+    assert aten_products == [0] * (GREEDY.max_tokens - 1)

@@ -12,7 +12,8 @@ A step runs a graph when every sequence decodes one token and their contexts lie
 of two of each other (the eager path would make them one group too), or pad the short ones to the
 longest with few positions read in vain (MAX_PADDED_POSITIONS); anything else, and any step the
 graphs were not compiled for, runs eagerly. Float32 weights get two compiled modules, one for
-a few rows and one for more (FEW_ROWS, MANY_ROWS); bfloat16 and quantized ones one for every batch. A
+a few rows and one for more (FEW_ROWS, MANY_ROWS), and int8 ones two, one for one row and one for
+more (INT8_ONE_ROW, INT8_ROWS); bfloat16 and other quantized ones one for every batch. A
 module compiles a graph per warm-up batch: PyTorch specialises a size of one, and any other size
 is one graph for every batch of two rows or more.
 """
@@ -26,7 +27,7 @@ import sys
 import threading
 import time
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -38,7 +39,7 @@ from services.worker.engine.attention import AttentionMetadata, DecodeGroupMetad
 from services.worker.engine.block_pool import NULL_BLOCK_ID
 from services.worker.engine.cpu_linear import trace_packed_
 from services.worker.engine.model import KVCache, LlamaModel
-from services.worker.engine.quantize import is_quantized
+from services.worker.engine.quantize import scheme_of
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,18 @@ MANY_ROWS = GraphPlan(
     max_rows=None, inductor_options=FROZEN, warmup_batches=(8,), eager_packed_weights=True
 )
 QUANTIZED = GraphPlan(max_rows=None, inductor_options=AUTOTUNED, warmup_batches=(1, 2))
+# Autotuning times each kernel on weights that stay in the cache, where a step reads them from memory.
+# One row of int8 weights multiplies fastest through inductor's own weight-only int8 kernel, which
+# AVX2 and AVX-512 have for every frozen weight, but ATen's `_weight_int8pack_mm` won the timing for
+# SmolLM2's down projection (1,536 in, 576 out). Read from memory, 80 such layers took 3.6-4.1 ms
+# through inductor's kernel against 5.3-6.0 through ATen's (2-core Zen 3 EPYC, AVX2), and one
+# SmolLM2 stream decoded 112.4 against 106.5 tok/s (10 rounds taking turns, paired median 1.06),
+# the same tokens. So int8 weights there get a one-row module of inductor's kernels alone; int4's and
+# w8a8's products have none on AVX2, and a module with no kernel for a product fails to compile.
+INT8_ONE_ROW = GraphPlan(max_rows=1, inductor_options={**AUTOTUNED, "max_autotune_gemm_backends": "CPP"},
+                         warmup_batches=(1,))
+INT8_ROWS = replace(QUANTIZED, warmup_batches=(2,))
+INT8_KERNEL_CAPABILITIES = ("AVX2", "AVX512")  # torch.backends.cpu's names of the ISAs that have it
 # Bfloat16 needs no few-rows module: oneDNN's products beat the autotuned kernels at every batch.
 # SmolLM2 on a 2-core Zen 5 EPYC, ms a step, rounds taking turns: one row 8.2, 8.4, 9.7 against
 # 13.8, 13.4, 13.8; 4 rows 10.6, 10.8, 10.7 against 19.9, 19.2, 19.0 (the autotuned kernels are
@@ -157,10 +170,18 @@ def decode_group(meta: AttentionMetadata, block_size: int,
     )
 
 
+def quantized_plans(scheme: str) -> tuple[GraphPlan, ...]:
+    """The modules the graphs of a model quantized by `scheme` are compiled into, fewest rows first."""
+    if scheme == "int8" and torch.backends.cpu.get_cpu_capability() in INT8_KERNEL_CAPABILITIES:
+        return INT8_ONE_ROW, INT8_ROWS
+    return (QUANTIZED,)
+
+
 def _plans(model: LlamaModel) -> tuple[GraphPlan, ...]:
     """The modules a model's graphs are compiled into, fewest rows first."""
-    if is_quantized(model):
-        return (QUANTIZED,)
+    scheme = scheme_of(model)
+    if scheme is not None:
+        return quantized_plans(scheme)
     if model.embed_tokens.weight.dtype == torch.bfloat16:
         return (BFLOAT16,)
     return FEW_ROWS, MANY_ROWS

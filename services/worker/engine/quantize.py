@@ -134,9 +134,10 @@ PROJECTIONS: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int4Linea
 OUTPUT_LAYERS: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int8Linear, "w8a8": W8A8Linear}
 
 
-def is_quantized(model: nn.Module) -> bool:
-    """Whether quantize_ swapped the model's layers."""
-    return any(isinstance(m, (Int8Linear, Int4Linear, W8A8Linear)) for m in model.modules())
+def scheme_of(model: LlamaModel) -> str | None:
+    """The scheme quantize_ applied to the model's projections (int8, int4 or w8a8), or None."""
+    projection = model.layers[0].self_attn.qkv_proj
+    return next((scheme for scheme, kind in PROJECTIONS.items() if isinstance(projection, kind)), None)
 
 
 def quantize_(model: LlamaModel, scheme: str) -> LlamaModel:
