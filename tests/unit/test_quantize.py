@@ -15,6 +15,7 @@ from services.worker.engine.quantize import (
     INT4_GROUP,
     INT7_MAX,
     INT8_MAX,
+    WIDENED_FROM_ROWS,
     Int4Linear,
     Int8Linear,
     W8A8Linear,
@@ -30,7 +31,7 @@ from shared.models.spec import resolve_model
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("rows", [1, 7, 64])
+@pytest.mark.parametrize("rows", [1, 7, 64, WIDENED_FROM_ROWS])
 def test_int8_linear_is_within_a_percent_of_float32(rows: int) -> None:
     gen = torch.Generator().manual_seed(0)
     weight, x = torch.randn(96, 160, generator=gen), torch.randn(rows, 160, generator=gen)
@@ -40,11 +41,22 @@ def test_int8_linear_is_within_a_percent_of_float32(rows: int) -> None:
     assert (out - expected).norm() / expected.norm() < 0.01
 
 
-def test_int8_keeps_a_zero_row_zero_and_a_batch_shape() -> None:
+@pytest.mark.parametrize("rows", [WIDENED_FROM_ROWS - 1, WIDENED_FROM_ROWS])
+def test_a_prompts_rows_multiply_by_widened_weights_not_atens_int8_kernel(rows: int) -> None:
+    """ATen's int8 kernel runs at half the float32 product's rate once rows outweigh weights."""
+    layer = Int8Linear(torch.randn(96, 160))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        layer(torch.randn(rows, 160))
+    int8_calls = sum(event.name == "aten::_weight_int8pack_mm" for event in profile.events())
+    assert int8_calls == (1 if rows < WIDENED_FROM_ROWS else 0)
+
+
+@pytest.mark.parametrize("rows", [5, WIDENED_FROM_ROWS])
+def test_int8_keeps_a_zero_row_zero_and_a_batch_shape(rows: int) -> None:
     weight = torch.randn(8, 16)
     weight[3] = 0
-    out = Int8Linear(weight)(torch.randn(2, 5, 16))
-    assert out.shape == (2, 5, 8) and torch.equal(out[..., 3], torch.zeros(2, 5))
+    out = Int8Linear(weight)(torch.randn(2, rows, 16))
+    assert out.shape == (2, rows, 8) and torch.equal(out[..., 3], torch.zeros(2, rows))
 
 
 @pytest.mark.parametrize("levels", sorted({activation_levels(), INT7_MAX}))  # this CPU's own, and 7 bits
