@@ -3,7 +3,8 @@
 Decoding a few streams reads every weight once per token, so its speed is the bytes read: int8
 weights are a quarter of float32's, int4 an eighth. Weight-only schemes multiply by PyTorch's own
 packed-weight kernels, with bfloat16 activations (their fast path):
-- int8: one scale per output channel (`_weight_int8pack_mm`);
+- int8: one scale per output channel (`_weight_int8pack_mm`; a prompt chunk's many rows, bound by
+  arithmetic, multiply by the weights widened to float32 instead: see WIDENED_FROM_ROWS);
 - int4: groups of 32 input channels, each with a scale and an offset (`_weight_int4pack_mm_for_cpu`):
   llama.cpp's Q4_1 layout, so SmolLM2's shipped Q4_1 weights come back exactly, up to bfloat16
   rounding of the scales. The output layer stays int8, as the shipped file keeps it in Q8_0.
