@@ -84,9 +84,12 @@ def one_token(scheme: str, num_layers: int,
     products = Products(layers).eval()
     options = (FEW_ROWS if scheme == "float32" else quantized_plans(scheme)[0]).inductor_options
     compiled = torch.compile(products, dynamic=False)
-    with inductor_config.patch(options), torch.no_grad():  # frozen only without autograd, as the engine's
-        compiled(rows)
-    return lambda: compiled(rows), sum(weight_bytes(layer) for layer in layers)
+    # Without autograd, as the engine's: only then are the weights frozen, and a call with autograd on
+    # would compile a graph of its own.
+    run = torch.no_grad()(lambda: compiled(rows))
+    with inductor_config.patch(options):
+        run()
+    return run, sum(weight_bytes(layer) for layer in layers)
 
 
 def read_gb_s() -> float:
