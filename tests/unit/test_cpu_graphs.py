@@ -283,3 +283,22 @@ def test_one_int8_row_multiplies_through_inductors_kernels_alone(tiny: LlamaMode
         assert len(engine.runner.pairs) == GREEDY.max_tokens - 1  # every decode step took a graph
         assert_close_to_eager(engine.runner.pairs, len(batch), tiny.config.vocab_size)
     assert aten_products == [0] * (GREEDY.max_tokens - 1)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_a_quantized_model_gets_graphs_of_its_own_after_another_of_its_shapes(
+        tiny: LlamaModel, scheme: str, one_torch_thread) -> None:
+    """Inductor's cache keys a frozen weight by its shape alone and keeps what it packed from it with the
+    graph: keyed by the weights' digest too (cpu_graphs.weights_digest), the second model is not served
+    the first one's graphs, from this process or any before it."""
+    other = copy.deepcopy(tiny)
+    with torch.no_grad():
+        for param in other.parameters():
+            param.mul_(-1.0)
+    settings = EngineSettings(num_kv_blocks=64, cpu_compile="on")
+    first = Engine(quantize_(copy.deepcopy(tiny), scheme), settings, 512, eos_token_ids=())
+    second = Engine(quantize_(other, scheme), settings, 512, eos_token_ids=(), runner_cls=EagerBesideGraphs)
+    assert not first.runner.decode_graphs.failed and not second.runner.decode_graphs.failed
+    run(second, [list(range(7, 29))], "second")
+    assert len(second.runner.pairs) == GREEDY.max_tokens - 1  # every decode step took a graph
+    assert_close_to_eager(second.runner.pairs, 1, tiny.config.vocab_size)

@@ -4,9 +4,11 @@ Eager PyTorch spends a SmolLM2 decode step on about 1,600 small operations, and 
 weights one row at a time at under half the memory bandwidth (on the AMD machines measured). With
 the weights frozen as constants, inductor fuses the small operations into a few dozen C++ kernels
 and multiplies with GEMM kernels of its own, each picked by timing it against oneDNN's at compile
-time: one stream's step fell from 94 to 38 ms. Compiling takes minutes on two cores and, the
-weights being frozen into the graph, is done again at every start: in the background if asked,
-while steps run eagerly.
+time: one stream's step fell from 94 to 38 ms. Compiling takes minutes on two cores, in the
+background if asked, while steps run eagerly. It is done again at every start where the graphs hold
+oneDNN's packed weights (float32, bfloat16, w8a8): inductor's cache cannot store those, and
+AOTAutograd's refuses frozen graphs. int8 and int4 graphs come back from inductor's cache, keyed by
+a digest of the weights (weights_digest).
 
 A step runs a graph when every sequence decodes one token and their contexts lie within a factor
 of two of each other (the eager path would make them one group too), or pad the short ones to the
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import hashlib
+import itertools
 import logging
 import sys
 import threading
@@ -33,6 +37,7 @@ import numpy as np
 import torch
 import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
+import torch.compiler.config as compiler_config
 from torch import nn
 
 from services.worker.engine.attention import AttentionMetadata, DecodeGroupMetadata
@@ -170,6 +175,22 @@ def decode_group(meta: AttentionMetadata, block_size: int,
     )
 
 
+def weights_digest(model: nn.Module) -> str | None:
+    """A digest of every weight and buffer a graph of `model` freezes in, for torch.compile's cache keys;
+    None where one is opaque (oneDNN's packed weights), which inductor's cache cannot store anyway.
+    Inductor keys a frozen weight by its shape and dtype alone, and caches the copies it packs from it
+    with the graph: without the digest, an int8 model compiled after another of the same shapes, in
+    any process, decoded with the first one's weights."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers()):
+        if tensor.is_mkldnn:
+            return None
+        data = tensor.detach().contiguous().reshape(-1)
+        digest.update(f"{name} {data.dtype} {tuple(tensor.shape)};".encode())
+        digest.update(data.view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
 def quantized_plans(scheme: str) -> tuple[GraphPlan, ...]:
     """The modules the graphs of a model quantized by `scheme` are compiled into, fewest rows first."""
     if scheme == "int8" and torch.backends.cpu.get_cpu_capability() in INT8_KERNEL_CAPABILITIES:
@@ -243,9 +264,12 @@ class CpuDecodeGraphs:
         meanwhile = "steps run eagerly meanwhile" if self._thread is not None else "the engine serves once done"
         log.info("compiling CPU decode graphs (minutes on a few cores; %s)", meanwhile)
         try:
+            digest = weights_digest(self.model)
+            cached = {} if digest else {"fx_graph_cache": False}
             for plan, compiled in zip(self.plans, self.compiled, strict=True):
                 trace_packed_(self.model, plan.eager_packed_weights)
-                with inductor_config.patch(plan.inductor_options), dynamo_config.patch(CONSTANT_FLOATS):
+                with (inductor_config.patch({**plan.inductor_options, **cached}), dynamo_config.patch(CONSTANT_FLOATS),
+                      compiler_config.patch(cache_key_tag=digest or "")):
                     for batch in plan.warmup_batches:
                         compiled(*self._warmup_args(batch))
         except Exception:  # a compiler failure costs speed, never service
