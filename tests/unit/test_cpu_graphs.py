@@ -186,11 +186,17 @@ def test_a_step_the_graphs_do_not_take_runs_eagerly_with_the_same_tokens(engines
     assert compiled.load().graph_steps - before < GREEDY.max_tokens - 1  # the steps of both ran eagerly
 
 
-def test_two_compiled_engines_in_one_process_keep_their_own_weights(tiny: LlamaModel, one_torch_thread) -> None:
-    other = copy.deepcopy(tiny)
+def negated(model: LlamaModel) -> LlamaModel:
+    """A copy with every weight negated: a different model of the same shapes and types."""
+    other = copy.deepcopy(model)
     with torch.no_grad():
         for param in other.parameters():
-            param.mul_(-1.0)  # a different model of the same shape and types
+            param.mul_(-1.0)
+    return other
+
+
+def test_two_compiled_engines_in_one_process_keep_their_own_weights(tiny: LlamaModel, one_torch_thread) -> None:
+    other = negated(tiny)
     settings = EngineSettings(num_kv_blocks=64, cpu_compile="on")
     prompt = [list(range(11, 40))]
     ours = [run(Engine(copy.deepcopy(m), settings, 512, eos_token_ids=()), prompt, "w") for m in (tiny, other)]
@@ -291,13 +297,9 @@ def test_a_quantized_model_gets_graphs_of_its_own_after_another_of_its_shapes(
     """Inductor's cache keys a frozen weight by its shape alone and keeps what it packed from it with the
     graph: keyed by the weights' digest too (cpu_graphs.weights_digest), the second model is not served
     the first one's graphs, from this process or any before it."""
-    other = copy.deepcopy(tiny)
-    with torch.no_grad():
-        for param in other.parameters():
-            param.mul_(-1.0)
     settings = EngineSettings(num_kv_blocks=64, cpu_compile="on")
     first = Engine(quantize_(copy.deepcopy(tiny), scheme), settings, 512, eos_token_ids=())
-    second = Engine(quantize_(other, scheme), settings, 512, eos_token_ids=(), runner_cls=EagerBesideGraphs)
+    second = Engine(quantize_(negated(tiny), scheme), settings, 512, eos_token_ids=(), runner_cls=EagerBesideGraphs)
     assert not first.runner.decode_graphs.failed and not second.runner.decode_graphs.failed
     run(second, [list(range(7, 29))], "second")
     assert len(second.runner.pairs) == GREEDY.max_tokens - 1  # every decode step took a graph
