@@ -179,7 +179,7 @@ def weights_digest(model: nn.Module) -> str | None:
     """A digest of every weight and buffer a graph of `model` freezes in, for torch.compile's cache keys;
     None where one is opaque (oneDNN's packed weights), which inductor's cache cannot store anyway.
     Inductor keys a frozen weight by its shape and dtype alone, and caches the copies it packs from it
-    with the graph: without the digest, an int8 model compiled after another of the same shapes, in
+    with the graph: without the digest, an int8 or int4 model compiled after another of the same shapes, in
     any process, decoded with the first one's weights."""
     digest = hashlib.blake2b(digest_size=16)
     for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers()):
