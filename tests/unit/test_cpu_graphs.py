@@ -20,6 +20,7 @@ from services.worker.engine.cpu_graphs import (
     MIN_BLOCKS,
     QUANTIZED,
     decode_group,
+    weights_digest,
 )
 from services.worker.engine.cpu_linear import use_cpu_linear_
 from services.worker.engine.engine import Engine
@@ -289,6 +290,16 @@ def test_one_int8_row_multiplies_through_inductors_kernels_alone(tiny: LlamaMode
         assert len(engine.runner.pairs) == GREEDY.max_tokens - 1  # every decode step took a graph
         assert_close_to_eager(engine.runner.pairs, len(batch), tiny.config.vocab_size)
     assert aten_products == [0] * (GREEDY.max_tokens - 1)
+
+
+def test_the_weights_digest_tells_models_apart_by_any_weight_and_gives_up_on_opaque_ones(tiny: LlamaModel) -> None:
+    same, other = copy.deepcopy(tiny), copy.deepcopy(tiny)
+    with torch.no_grad():
+        other.layers[-1].mlp.down_proj.weight[0, 0] += 1e-3  # one weight of millions
+    assert weights_digest(tiny) == weights_digest(same) != weights_digest(other)
+    int8 = weights_digest(quantize_(copy.deepcopy(tiny), "int8"))
+    assert int8 is not None and int8 != weights_digest(tiny)
+    assert weights_digest(quantize_(copy.deepcopy(tiny), "w8a8")) is None  # oneDNN's packed weights
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
