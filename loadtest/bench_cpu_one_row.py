@@ -28,12 +28,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch._inductor.config as inductor_config
 from bench_cpu_bound import model_products
 from bench_report import print_and_write, pyplot
 from torch import nn
 
-from services.worker.engine.cpu_graphs import FEW_ROWS, quantized_plans
+from services.worker.engine.cpu_graphs import FEW_ROWS, compiling, quantized_plans, weights_digest
 from services.worker.engine.quantize import Int4Linear, Int8Linear
 from shared.models.spec import resolve_model
 
@@ -82,12 +81,12 @@ def one_token(scheme: str, num_layers: int,
         layers += [kind(torch.randn(cols, inner) * 0.02) for _ in range(copies)]
         rows += [torch.randn(num_rows, inner) for _ in range(copies)]
     products = Products(layers).eval()
-    options = (FEW_ROWS if scheme == "float32" else quantized_plans(scheme)[0]).inductor_options
+    plan = FEW_ROWS if scheme == "float32" else quantized_plans(scheme)[0]
     compiled = torch.compile(products, dynamic=False)
     # Without autograd, as the engine's: only then are the weights frozen, and a call with autograd on
     # would compile a graph of its own.
     run = torch.no_grad()(lambda: compiled(rows))
-    with inductor_config.patch(options):
+    with compiling(plan, weights_digest(products)):
         run()
     return run, sum(weight_bytes(layer) for layer in layers)
 

@@ -22,6 +22,7 @@ is one graph for every batch of two rows or more.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import hashlib
@@ -191,6 +192,16 @@ def weights_digest(model: nn.Module) -> str | None:
     return digest.hexdigest()
 
 
+@contextlib.contextmanager
+def compiling(plan: GraphPlan, digest: str | None):
+    """torch.compile's settings while a plan's graphs compile: its inductor options, the model's floats as
+    constants, and the caches keyed by the weights' digest (off where there is none)."""
+    cached = {} if digest else {"fx_graph_cache": False}
+    with (inductor_config.patch({**plan.inductor_options, **cached}), dynamo_config.patch(CONSTANT_FLOATS),
+          compiler_config.patch(cache_key_tag=digest or "")):
+        yield
+
+
 def quantized_plans(scheme: str) -> tuple[GraphPlan, ...]:
     """The modules the graphs of a model quantized by `scheme` are compiled into, fewest rows first."""
     if scheme == "int8" and torch.backends.cpu.get_cpu_capability() in INT8_KERNEL_CAPABILITIES:
@@ -265,11 +276,9 @@ class CpuDecodeGraphs:
         log.info("compiling CPU decode graphs (minutes on a few cores; %s)", meanwhile)
         try:
             digest = weights_digest(self.model)
-            cached = {} if digest else {"fx_graph_cache": False}
             for plan, compiled in zip(self.plans, self.compiled, strict=True):
                 trace_packed_(self.model, plan.eager_packed_weights)
-                with (inductor_config.patch({**plan.inductor_options, **cached}), dynamo_config.patch(CONSTANT_FLOATS),
-                      compiler_config.patch(cache_key_tag=digest or "")):
+                with compiling(plan, digest):
                     for batch in plan.warmup_batches:
                         compiled(*self._warmup_args(batch))
         except Exception:  # a compiler failure costs speed, never service
