@@ -1,28 +1,28 @@
-"""Decode steps on a CPU through a compiled graph (torch.compile with inductor), logits included.
+"""Decode steps on a CPU through a compiled graph, logits included.
 
 Eager PyTorch spends a SmolLM2 decode step on about 1,600 small operations, and MKL reads float32
 weights one row at a time at under half the memory bandwidth (on the AMD machines measured). With
 the weights frozen as constants, inductor fuses the small operations into a few dozen C++ kernels
 and multiplies with GEMM kernels of its own, each picked by timing it against oneDNN's at compile
 time: one stream's step fell from 94 to 38 ms. Compiling takes minutes on two cores, in the
-background if asked, while steps run eagerly. It is done again at every start where the graphs hold
-oneDNN's packed weights (float32, bfloat16, w8a8): inductor's cache cannot store those, and
-AOTAutograd's refuses frozen graphs. int8 and int4 graphs come back from inductor's cache, keyed by
-a digest of the weights (weights_digest).
+background if asked, while steps run eagerly. Each graph is exported (torch.export) and compiled
+ahead of time by AOTInductor into a library kept on disk, keyed by the weights' digest among the
+rest (cpu_graph_store.py), so the next start loads it in seconds. Models whose weights are oneDNN's
+opaque packs (w8a8) do not export: their graphs compile through torch.compile at every start.
 
 A step runs a graph when every sequence decodes one token and their contexts lie within a factor
 of two of each other (the eager path would make them one group too), or pad the short ones to the
 longest with few positions read in vain (MAX_PADDED_POSITIONS); anything else, and any step the
-graphs were not compiled for, runs eagerly. Float32 weights get two compiled modules, one for
+graphs were not compiled for, runs eagerly. Float32 weights get two sets of graphs, one for
 a few rows and one for more (FEW_ROWS, MANY_ROWS), and int8 ones two, one for one row and one for
-more (INT8_ONE_ROW, INT8_ROWS); bfloat16 and other quantized ones one for every batch. A
-module compiles a graph per warm-up batch: PyTorch specialises a size of one, and any other size
-is one graph for every batch of two rows or more.
+more (INT8_ONE_ROW, INT8_ROWS); bfloat16 and other quantized ones one for every batch. A set holds
+a graph per warm-up batch: one for a single row, and one for every batch of two rows or more.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import gc
 import hashlib
@@ -33,6 +33,7 @@ import threading
 import time
 import types
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,10 +41,12 @@ import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
 import torch.compiler.config as compiler_config
 from torch import nn
+from torch.export import Dim, ExportedProgram
 
 from services.worker.engine.attention import AttentionMetadata, DecodeGroupMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
-from services.worker.engine.cpu_linear import trace_packed_
+from services.worker.engine.cpu_graph_store import DecodeLibrary, load_or_build, shapes_of
+from services.worker.engine.cpu_linear import CpuLinear
 from services.worker.engine.model import KVCache, LlamaModel
 from services.worker.engine.quantize import scheme_of
 
@@ -52,16 +55,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class GraphPlan:
-    """Steps of up to max_rows rows (None: any) run the module compiled with these inductor options
+    """Steps of up to max_rows rows (None: any) run the graphs compiled with these inductor options
     (set around the compiling calls: torch.compile's `options` do not reach the freezing passes),
-    one graph per warm-up batch. With eager_packed_weights, float32 projections multiply with the
-    weights the eager path packed for oneDNN (cpu_linear.py), the very products freezing would
-    choose, so the module packs no copy of its own; else inductor packs its own from the dense ones."""
+    one graph per warm-up batch. An exported graph's float32 projections are traced with the weights
+    the eager path packed for oneDNN (cpu_linear.py), which freezing would otherwise pack from the
+    dense ones: the products it keeps, or what autotuning packs for kernels of its own."""
 
     max_rows: int | None
     inductor_options: dict
     warmup_batches: tuple[int, ...]
-    eager_packed_weights: bool = False
 
 
 # A few rows read the weights more than they multiply: max_autotune times inductor's own GEMM
@@ -81,9 +83,7 @@ class GraphPlan:
 FROZEN = {"freezing": True, "assert_indirect_indexing": False}
 AUTOTUNED = {**FROZEN, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 FEW_ROWS = GraphPlan(max_rows=5, inductor_options=AUTOTUNED, warmup_batches=(1, 2))
-MANY_ROWS = GraphPlan(
-    max_rows=None, inductor_options=FROZEN, warmup_batches=(8,), eager_packed_weights=True
-)
+MANY_ROWS = GraphPlan(max_rows=None, inductor_options=FROZEN, warmup_batches=(8,))
 QUANTIZED = GraphPlan(max_rows=None, inductor_options=AUTOTUNED, warmup_batches=(1, 2))
 # Autotuning times each kernel on weights that stay in the cache, where a step reads them from memory.
 # One row of int8 weights multiplies fastest through inductor's own weight-only int8 kernel, which
@@ -149,6 +149,39 @@ class _DecodeLogits(nn.Module):
         return self.model.compute_logits(self.model(input_ids, positions, meta, kv_caches))
 
 
+class _ExportedStep(nn.Module):
+    """The same step as torch.export takes it: the group's tensors one by one (lengths None without the
+    C++ kernel), in the order step_inputs gives them to the compiled library."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                read_slots: torch.Tensor, visible: torch.Tensor, lengths: torch.Tensor | None,
+                kv_caches: list[KVCache]) -> torch.Tensor:  # (N, V) float32
+        group = DecodeGroupMetadata(slot_mapping, read_slots, visible, lengths)
+        return self.model.compute_logits(self.model(input_ids, positions, group, kv_caches))
+
+
+def step_inputs(input_ids: torch.Tensor, positions: torch.Tensor, group: DecodeGroupMetadata,
+                kv_caches: list[KVCache]) -> list[torch.Tensor]:
+    """A step's tensors, flat, as an exported graph's library takes them."""
+    tensors = [input_ids, positions, group.slot_mapping, group.read_slots, group.visible]
+    if group.lengths is not None:
+        tensors.append(group.lengths)
+    return tensors + [tensor for cache in kv_caches for tensor in cache]
+
+
+def _sharing_weights(model: nn.Module) -> nn.Module:
+    """A copy of the module tree holding the very same tensors. Exporting traces a model with stand-ins
+    for its weights swapped into its modules: on a copy, the steps served meanwhile keep the real ones."""
+    tensors = itertools.chain(model.parameters(), model.buffers(),
+                              (value for module in model.modules() for value in vars(module).values()
+                               if isinstance(value, torch.Tensor)))
+    return copy.deepcopy(model, memo={id(tensor): tensor for tensor in tensors})
+
+
 def decode_group(meta: AttentionMetadata, block_size: int,
                  attention_kernel: bool = False) -> DecodeGroupMetadata | None:
     """The step as one decode group, or None when it is not one: a prompt chunk in it, or contexts so
@@ -177,11 +210,13 @@ def decode_group(meta: AttentionMetadata, block_size: int,
 
 
 def weights_digest(model: nn.Module) -> str | None:
-    """A digest of every weight and buffer a graph of `model` freezes in, for torch.compile's cache keys;
-    None where one is opaque (oneDNN's packed weights), which inductor's cache cannot store anyway.
-    Inductor keys a frozen weight by its shape and dtype alone, and caches the copies it packs from it
-    with the graph: without the digest, an int8 or int4 model compiled after another of the same shapes, in
-    any process, decoded with the first one's weights."""
+    """A digest of every weight and buffer a graph of `model` freezes in, for the keys of the stored graphs
+    (cpu_graph_store) and of torch.compile's caches; None where one is opaque (oneDNN's packed weights)
+    and no dense copy of it is kept. Inductor's cache keys a frozen weight by its shape and dtype alone,
+    and caches the copies it packs from it with the graph: without the digest, an int8 or int4 model
+    compiled after another of the same shapes, in any process, decoded with the first one's weights."""
+    if any(isinstance(module, CpuLinear) and module.weight is None for module in model.modules()):
+        return None  # its packed weight alone, which the digest cannot read
     digest = hashlib.blake2b(digest_size=16)
     for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers()):
         if tensor.is_mkldnn:
@@ -221,30 +256,26 @@ def _plans(model: LlamaModel) -> tuple[GraphPlan, ...]:
 
 class CpuDecodeGraphs:
     """Owns the compiled decode graphs of one model over one KV cache; `logits` runs a step through
-    them once they are ready, and never compiles on the caller's thread."""
+    them once they are ready, and never compiles on the caller's thread. store: where the compiled
+    libraries are kept between starts (None: rebuilt at every start)."""
 
     def __init__(self, model: LlamaModel, kv_caches: list[KVCache], block_size: int, *,
-                 attention_kernel: bool) -> None:
+                 attention_kernel: bool, store: Path | None) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.attention_kernel = attention_kernel  # the C++ kernel, built already; else tensor operations
-        for cache in kv_caches:  # fixed shapes: no symbols, so no step's sizes can be taken for theirs
-            for tensor in cache:
-                torch._dynamo.mark_static(tensor)
         self.block_size = block_size
+        self.store = store
         self.plans = _plans(model)
-        # The weights are frozen into the graphs, so guards on the modules would only cost time: with
-        # them, looking the graph up took 1.7 ms of a 24 ms SmolLM2 step.
-        skip_module_guards = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        self.compiled = [torch.compile(_DecodeLogits(model), dynamic=True, options=skip_module_guards)
-                         for _ in self.plans]
+        self.libraries: list[list[DecodeLibrary]] = []  # per plan, a graph per warm-up batch
+        self.compiled: list[nn.Module] = []  # per plan, its torch.compile module: weights that do not export
         self.ready = threading.Event()
         self.failed = False  # compiling raised: every step runs eagerly
         self._thread: threading.Thread | None = None
-        self.num_uncovered_steps = 0  # decode groups the graphs' guards refused: run eagerly
+        self.num_uncovered_steps = 0  # decode groups no graph covers: run eagerly
 
     def start(self, background: bool) -> None:
-        """Compile both graphs: on a thread of its own (steps run eagerly until it is done), or now."""
+        """Compile the graphs: on a thread of its own (steps run eagerly until it is done), or now."""
         if background:
             self._thread = threading.Thread(target=self._compile_behind, name="cpu-decode-compile", daemon=True)
             self._thread.start()
@@ -273,14 +304,13 @@ class CpuDecodeGraphs:
     def _compile(self) -> None:
         started = time.perf_counter()
         meanwhile = "steps run eagerly meanwhile" if self._thread is not None else "the engine serves once done"
-        log.info("compiling CPU decode graphs (minutes on a few cores; %s)", meanwhile)
+        log.info("compiling CPU decode graphs (minutes on a few cores, unless kept from before; %s)", meanwhile)
         try:
             digest = weights_digest(self.model)
-            for plan, compiled in zip(self.plans, self.compiled, strict=True):
-                trace_packed_(self.model, plan.eager_packed_weights)
-                with compiling(plan, digest):
-                    for batch in plan.warmup_batches:
-                        compiled(*self._warmup_args(batch))
+            if digest is None:
+                self._compile_modules()
+            else:
+                self._load_libraries(digest)
         except Exception:  # a compiler failure costs speed, never service
             self.failed = True
             log.exception("compiling the CPU decode graphs failed; every step runs eagerly")
@@ -292,6 +322,52 @@ class CpuDecodeGraphs:
         self.ready.set()
         _give_back_freed_memory()
         log.info("CPU decode graphs ready after %.0f s", time.perf_counter() - started)
+
+    def _load_libraries(self, digest: str) -> None:
+        """Every plan's graphs from the store, each exported and built first where it has none."""
+        step = _ExportedStep(_sharing_weights(self.model))
+        for plan in self.plans:
+            libraries = []
+            for batch in plan.warmup_batches:
+                program = self._export(step, batch)
+                with compiling(plan, digest):
+                    library = load_or_build(self.store, program, digest, plan.inductor_options,
+                                            self._shapes(program))
+                ids, positions, group, caches = self._warmup_args(batch)
+                library(step_inputs(ids, positions, group, caches))  # loads its pages before a step needs them
+                libraries.append(library)
+            self.libraries.append(libraries)
+
+    def _export(self, step: nn.Module, batch: int) -> ExportedProgram:
+        """The step traced at a warm-up batch: one row, or any number of two or more, reading any number
+        of positions of a pool of any number of blocks (so the pool's size is not in the store's key)."""
+        rows = None if batch == 1 else Dim.DYNAMIC
+        per_row, pool = {0: rows}, {0: Dim.DYNAMIC}
+        dims = (per_row, per_row, per_row, {0: rows, 1: Dim.DYNAMIC}, {0: rows, 3: Dim.DYNAMIC},
+                per_row if self.attention_kernel else None, [(pool, pool)] * len(self.kv_caches))
+        ids, positions, group, caches = self._warmup_args(batch)
+        args = (ids, positions, group.slot_mapping, group.read_slots, group.visible, group.lengths, caches)
+        return torch.export.export(step, args, dynamic_shapes=dims)
+
+    def _shapes(self, program: ExportedProgram):
+        """What the library takes: rows are the first input's, positions the read slots' (step_inputs)."""
+        caches = [(index, 0) for index in range(-2 * len(self.kv_caches), 0)]
+        return shapes_of(program, rows=(0, 0), positions=(3, 1), others=caches)
+
+    def _compile_modules(self) -> None:
+        """torch.compile's graphs, for weights that do not export (oneDNN's opaque packs): at every start."""
+        for cache in self.kv_caches:  # fixed shapes: no symbols, so no step's sizes can be taken for theirs
+            for tensor in cache:
+                torch._dynamo.mark_static(tensor)
+        # The weights are frozen into the graphs, so guards on the modules would only cost time: with
+        # them, looking the graph up took 1.7 ms of a 24 ms SmolLM2 step.
+        skip_module_guards = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+        for plan in self.plans:
+            compiled = torch.compile(_DecodeLogits(self.model), dynamic=True, options=skip_module_guards)
+            with compiling(plan, None):
+                for batch in plan.warmup_batches:
+                    compiled(*self._warmup_args(batch))
+            self.compiled.append(compiled)
 
     def plan_for(self, rows: int) -> int:
         """The index of the plan (and compiled module) a step of `rows` rows runs."""
@@ -320,15 +396,28 @@ class CpuDecodeGraphs:
         group = decode_group(meta, self.block_size, self.attention_kernel)
         if group is None:
             return None
-        compiled = self.compiled[self.plan_for(input_ids.shape[0])]
-        try:
-            with torch.compiler.set_stance("fail_on_recompile"):
-                logits = compiled(input_ids, positions, group, self.kv_caches)
-        except RuntimeError as exc:
-            if RECOMPILE_REFUSED not in str(exc):  # dynamo says so in a plain RuntimeError
-                raise
-            if self.num_uncovered_steps == 0:
-                log.warning("a decode step the CPU graphs do not cover runs eagerly: %s", exc)
-            self.num_uncovered_steps += 1
-            return None
-        return logits
+        return self.run_group(input_ids, positions, group)
+
+    def run_group(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                  group: DecodeGroupMetadata) -> torch.Tensor | None:
+        """A decode group's logits through the graph that covers its shape, or None where none does."""
+        rows = input_ids.shape[0]
+        plan = self.plan_for(rows)
+        if self.libraries:
+            read = group.read_slots.shape[1]
+            library = next((lib for lib in self.libraries[plan] if lib.shapes.covers(rows, read)), None)
+            if library is not None:
+                return library(step_inputs(input_ids, positions, group, self.kv_caches))
+            uncovered = f"{rows} rows reading {read} positions"
+        else:
+            try:
+                with torch.compiler.set_stance("fail_on_recompile"):
+                    return self.compiled[plan](input_ids, positions, group, self.kv_caches)
+            except RuntimeError as exc:
+                if RECOMPILE_REFUSED not in str(exc):  # dynamo says so in a plain RuntimeError
+                    raise
+                uncovered = str(exc)
+        if self.num_uncovered_steps == 0:
+            log.warning("a decode step the CPU graphs do not cover runs eagerly: %s", uncovered)
+        self.num_uncovered_steps += 1
+        return None

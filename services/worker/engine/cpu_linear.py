@@ -7,15 +7,13 @@ the op inductor itself emits for frozen float32 linears) was faster at every Smo
 (2-core AVX-512 EPYC, loadtest/bench_cpu_linear.py): the output layer 2.1x at one row and 1.7x at
 64, the MLP's gate/up 2.4x at one row, 1.3x at 64 and 1.4x at 512.
 
-A compiled graph multiplies with the dense weight, where inductor picks and packs kernels of its
-own, or with these packed weights as they are (`trace_packed_`), which keeps it from holding a
-copy of its own.
+A graph exported from the model (cpu_graphs.py) is traced with these packed weights, which
+inductor's freezing keeps for its oneDNN products or repacks for GEMM kernels of its own.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from services.worker.engine.model import LlamaModel
@@ -34,30 +32,18 @@ def project(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = N
 
 
 class CpuLinear(nn.Module):
-    """A linear layer whose eager product goes through the packed weight. It keeps the dense weight
-    only where a graph will be compiled from it (or where it is shared with the embedding)."""
+    """A linear layer whose product goes through the packed weight. It keeps the dense weight only
+    where graphs will be compiled from the model, whose store keys them by a digest of the weights
+    (cpu_graphs.weights_digest), or where it is shared with the embedding."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, keep_dense: bool = True) -> None:
         super().__init__()
         self.packed = pack(weight)
         self.weight = nn.Parameter(weight, requires_grad=False) if keep_dense else None
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        self.trace_packed = False  # what a graph traced now multiplies with (trace_packed_)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Not is_compiling(): that flag is global, so steps served while another thread compiles see it.
-        if torch.compiler.is_dynamo_compiling() and not self.trace_packed:
-            return F.linear(x, self.weight, self.bias)
         return project(x, self.packed, self.bias)
-
-
-def trace_packed_(model: nn.Module, packed: bool) -> None:
-    """Whether graphs traced from now on multiply with the packed weights (True) or the dense ones.
-    Read only while tracing, and never guarded (the graphs skip guards on modules), so each graph
-    keeps the weights it was traced with."""
-    for module in model.modules():
-        if isinstance(module, CpuLinear):
-            module.trace_packed = packed
 
 
 def use_cpu_linear_(model: LlamaModel, keep_dense: bool) -> LlamaModel:

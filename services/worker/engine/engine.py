@@ -42,6 +42,7 @@ from services.worker.engine.types import (
     StartListener,
 )
 from services.worker.engine.vtc import VirtualTokenCounters, VTCCosts
+from shared.models.smollm2 import cache_root
 from shared.models.spec import context_length
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ def resolve(settings: EngineSettings, max_model_len: int, device: torch.device) 
         cuda_graphs=settings.cuda_graphs,
         cpu_compile=settings.cpu_compile,
         cpu_attention_kernel=settings.cpu_attention_kernel,
+        cpu_graph_store=cache_root() / "cpu-graphs" if settings.cpu_graph_store else None,
         kv_cache_dtype=None if settings.kv_cache_dtype == "auto" else getattr(torch, settings.kv_cache_dtype),
     )
     return scheduler, runner

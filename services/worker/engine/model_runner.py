@@ -13,6 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -60,6 +61,7 @@ class RunnerConfig:
     cuda_graphs: bool
     cpu_compile: CpuCompile = "off"
     cpu_attention_kernel: bool = True  # CPU decode attention through the C++ kernel, where it builds
+    cpu_graph_store: Path | None = None  # where compiled CPU decode graphs are kept between starts
     kv_cache_dtype: torch.dtype | None = None  # None: the weights' dtype
     eos_token_ids: frozenset[int] = frozenset()  # masked before a request's min_tokens, unless it ignores EOS
 
@@ -226,7 +228,8 @@ class ModelRunner:
         self.decode_graphs: CpuDecodeGraphs | None = None
         if config.cpu_compile != "off" and self.device.type == "cpu":
             self.decode_graphs = CpuDecodeGraphs(model, self.kv_caches, self.block_size,
-                                                 attention_kernel=self.cpu_attention_kernel)
+                                                 attention_kernel=self.cpu_attention_kernel,
+                                                 store=config.cpu_graph_store)
             self.decode_graphs.start(background=config.cpu_compile == "background")
         log.info("KV cache: %d blocks of %d tokens on %s", self.num_blocks, self.block_size, self.device)
 

@@ -1,0 +1,27 @@
+"""The store of compiled CPU decode graphs: which sizes a library takes, and which folders it keeps."""
+
+from __future__ import annotations
+
+import os
+
+from services.worker.engine import cpu_graph_store
+from services.worker.engine.cpu_graph_store import Shapes
+
+
+def test_a_library_covers_the_sizes_within_its_ranges_alone() -> None:
+    one_row = Shapes(rows=(1, 1), positions=(2, None))
+    assert one_row.covers(1, 32) and one_row.covers(1, 1 << 20)
+    assert not one_row.covers(2, 32) and not one_row.covers(1, 1)
+    int8_rows = Shapes(rows=(2, 127), positions=(2, None))
+    assert int8_rows.covers(127, 64) and not int8_rows.covers(128, 64) and not int8_rows.covers(1, 64)
+
+
+def test_the_store_keeps_the_most_recently_used_folders(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(cpu_graph_store, "MAX_LIBRARIES", 3)
+    for age, name in enumerate("abcde"):
+        folder = tmp_path / name
+        folder.mkdir()
+        os.utime(folder, (1_000_000 - age, 1_000_000 - age))  # a: used last
+    (tmp_path / ".building-x").mkdir()  # another process's build in progress
+    cpu_graph_store._prune(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".building-x", "a", "b", "c"]
