@@ -5,6 +5,18 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.fixture(autouse=True, scope="session")
+def graph_store_of_their_own(tmp_path_factory):
+    """Compiled CPU graphs the tests build go to a store of their own: the user's keeps only a few,
+    and would lose a model's graphs to the tests' tiny ones."""
+    from services.worker.engine import cpu_graph_store
+
+    folder = tmp_path_factory.mktemp("cpu-graphs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpu_graph_store, "default_store", lambda: folder)
+        yield
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """The test machine's cores are shared: one intra-op thread avoids OpenMP contention."""

@@ -16,12 +16,15 @@ def test_a_library_covers_the_sizes_within_its_ranges_alone() -> None:
     assert int8_rows.covers(127, 64) and not int8_rows.covers(128, 64) and not int8_rows.covers(1, 64)
 
 
-def test_the_store_keeps_the_most_recently_used_folders(tmp_path, monkeypatch) -> None:
+def test_the_store_keeps_the_most_recently_used_folders_and_builds_in_progress(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(cpu_graph_store, "MAX_LIBRARIES", 3)
     for age, name in enumerate("abcde"):
         folder = tmp_path / name
         folder.mkdir()
         os.utime(folder, (1_000_000 - age, 1_000_000 - age))  # a: used last
-    (tmp_path / ".building-x").mkdir()  # another process's build in progress
+    (tmp_path / ".building-now").mkdir()  # another process's build in progress
+    abandoned = tmp_path / ".building-long-ago"
+    abandoned.mkdir()
+    os.utime(abandoned, (1_000_000, 1_000_000))
     cpu_graph_store._prune(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".building-x", "a", "b", "c"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".building-now", "a", "b", "c"]

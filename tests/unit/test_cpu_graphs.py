@@ -320,7 +320,7 @@ def refuse_to_build(*args) -> None:
 
 def test_the_next_start_loads_the_graphs_it_built_whatever_the_pools_size(
         tiny: LlamaModel, tmp_path, monkeypatch, one_torch_thread) -> None:
-    monkeypatch.setenv("DRIVETRAIN_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_graph_store, "default_store", lambda: tmp_path / "cpu-graphs")
     first = float32_engine(tiny, num_kv_blocks=64)
     assert not first.runner.decode_graphs.failed
     assert len(list((tmp_path / "cpu-graphs").iterdir())) == 3  # one row, a few rows, more rows
@@ -335,7 +335,7 @@ def test_the_next_start_loads_the_graphs_it_built_whatever_the_pools_size(
 
 def test_a_stored_graph_that_does_not_load_is_built_again(
         tiny: LlamaModel, tmp_path, monkeypatch, one_torch_thread) -> None:
-    monkeypatch.setenv("DRIVETRAIN_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_graph_store, "default_store", lambda: tmp_path / "cpu-graphs")
     float32_engine(tiny, num_kv_blocks=64)
     newest = max((tmp_path / "cpu-graphs").iterdir(), key=lambda folder: folder.stat().st_mtime)  # more rows
     # Its sizes unreadable. (Not its shared object: this process has it mapped, and a file mapped is

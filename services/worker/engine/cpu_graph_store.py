@@ -32,6 +32,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.utils._sympy.numbers import int_oo
 
+from shared.models.smollm2 import cache_root
+
 log = logging.getLogger(__name__)
 
 STORE_VERSION = 1  # bump when what a folder holds changes
@@ -43,6 +45,13 @@ PACKAGED = {".wrapper.so": SHARED_OBJECT, ".wrapper.json": OP_TABLE, ".wrapper_w
 WEIGHTS_BESIDE = {"aot_inductor.package_constants_in_so": False,
                   "aot_inductor.package_constants_on_disk_format": "binary_blob"}
 MAX_LIBRARIES = 8  # folders kept, the most recently used; SmolLM2 float32 takes three of ~630 MB
+ABANDONED_BUILD_S = 24 * 3600  # a build folder this old belongs to a process that died building
+COPY_CHUNK = 16 << 20
+
+
+def default_store() -> Path:
+    """Where a worker keeps its libraries unless told otherwise: beside the converted models."""
+    return cache_root() / "cpu-graphs"
 
 
 @dataclass(frozen=True)
@@ -130,11 +139,11 @@ def shapes_of(program: ExportedProgram, rows: tuple[int, int], positions: tuple[
     return Shapes(rows=span(*rows), positions=span(*positions))
 
 
-def load_or_build(store: Path | None, program: ExportedProgram, weights_digest: str | None,
+def load_or_build(store: Path | None, program: ExportedProgram, weights_digest: str,
                   inductor_options: dict, shapes: Shapes) -> DecodeLibrary:
     """The stored library for this program, built first if there is none (or none that loads). With no
-    store or no digest of the weights, built in a scratch folder and loaded from it, kept nowhere."""
-    if store is None or weights_digest is None:
+    store, built in a scratch folder and loaded from it, kept nowhere."""
+    if store is None:
         with tempfile.TemporaryDirectory(prefix="drivetrain-graph-") as scratch:
             folder = Path(scratch) / "library"
             _build(program, inductor_options, shapes, folder)
@@ -169,7 +178,8 @@ def _build(program: ExportedProgram, inductor_options: dict, shapes: Shapes, fol
             for member in archive.namelist():
                 target = next((name for suffix, name in PACKAGED.items() if member.endswith(suffix)), None)
                 if target is not None:
-                    (built / target).write_bytes(archive.read(member))
+                    with archive.open(member) as packed, open(built / target, "wb") as unpacked:
+                        shutil.copyfileobj(packed, unpacked, COPY_CHUNK)
         missing = {SHARED_OBJECT, WEIGHTS} - {path.name for path in built.iterdir()}
         if missing:
             raise RuntimeError(f"AOTInductor's package holds no {', '.join(sorted(missing))}")
@@ -179,12 +189,14 @@ def _build(program: ExportedProgram, inductor_options: dict, shapes: Shapes, fol
         except OSError:
             if not folder.is_dir():
                 raise
+    os.utime(folder)  # the most recently used: kept when the store is pruned next
     log.info("CPU decode graph built in %.0f s into %s", time.perf_counter() - started, folder)
 
 
 def _prune(store: Path) -> None:
-    """Keep the MAX_LIBRARIES most recently used folders."""
-    folders = sorted((p for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")),
-                     key=lambda p: p.stat().st_mtime, reverse=True)
-    for folder in folders[MAX_LIBRARIES:]:
+    """Keep the MAX_LIBRARIES most recently used folders, and builds in progress unless abandoned."""
+    folders = sorted((p for p in store.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
+    libraries = [p for p in folders if not p.name.startswith(".")]
+    abandoned = [p for p in folders if p.name.startswith(".") and time.time() - p.stat().st_mtime > ABANDONED_BUILD_S]
+    for folder in libraries[MAX_LIBRARIES:] + abandoned:
         shutil.rmtree(folder, ignore_errors=True)

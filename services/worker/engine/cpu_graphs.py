@@ -45,7 +45,7 @@ from torch.export import Dim, ExportedProgram
 
 from services.worker.engine.attention import AttentionMetadata, DecodeGroupMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
-from services.worker.engine.cpu_graph_store import DecodeLibrary, load_or_build, shapes_of
+from services.worker.engine.cpu_graph_store import DecodeLibrary, Shapes, load_or_build, shapes_of
 from services.worker.engine.cpu_linear import CpuLinear
 from services.worker.engine.model import KVCache, LlamaModel
 from services.worker.engine.quantize import scheme_of
@@ -341,7 +341,7 @@ class CpuDecodeGraphs:
     def _export(self, step: nn.Module, batch: int) -> ExportedProgram:
         """The step traced at a warm-up batch: one row, or any number of two or more, reading any number
         of positions of a pool of any number of blocks (so the pool's size is not in the store's key)."""
-        rows = None if batch == 1 else Dim.DYNAMIC
+        rows = Dim.STATIC if batch == 1 else Dim.DYNAMIC
         per_row, pool = {0: rows}, {0: Dim.DYNAMIC}
         dims = (per_row, per_row, per_row, {0: rows, 1: Dim.DYNAMIC}, {0: rows, 3: Dim.DYNAMIC},
                 per_row if self.attention_kernel else None, [(pool, pool)] * len(self.kv_caches))
@@ -349,7 +349,7 @@ class CpuDecodeGraphs:
         args = (ids, positions, group.slot_mapping, group.read_slots, group.visible, group.lengths, caches)
         return torch.export.export(step, args, dynamic_shapes=dims)
 
-    def _shapes(self, program: ExportedProgram):
+    def _shapes(self, program: ExportedProgram) -> Shapes:
         """What the library takes: rows are the first input's, positions the read slots' (step_inputs)."""
         caches = [(index, 0) for index in range(-2 * len(self.kv_caches), 0)]
         return shapes_of(program, rows=(0, 0), positions=(3, 1), others=caches)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from llguidance import LLMatcher
 
+from services.worker.engine import cpu_graph_store
 from services.worker.engine.block_pool import BlockPool
 from services.worker.engine.grammar_matchers import GrammarMatchers
 from services.worker.engine.kv_cache_manager import KVCacheManager
@@ -42,7 +43,6 @@ from services.worker.engine.types import (
     StartListener,
 )
 from services.worker.engine.vtc import VirtualTokenCounters, VTCCosts
-from shared.models.smollm2 import cache_root
 from shared.models.spec import context_length
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def resolve(settings: EngineSettings, max_model_len: int, device: torch.device) 
         cuda_graphs=settings.cuda_graphs,
         cpu_compile=settings.cpu_compile,
         cpu_attention_kernel=settings.cpu_attention_kernel,
-        cpu_graph_store=cache_root() / "cpu-graphs" if settings.cpu_graph_store else None,
+        cpu_graph_store=cpu_graph_store.default_store() if settings.cpu_graph_store else None,
         kv_cache_dtype=None if settings.kv_cache_dtype == "auto" else getattr(torch, settings.kv_cache_dtype),
     )
     return scheduler, runner
