@@ -84,10 +84,10 @@ def run(engine: Engine, prompts: list[list[int]], prefix: str) -> list[list[int]
 @pytest.fixture(scope="module")
 def engines(tiny: LlamaModel, one_torch_thread) -> tuple[Engine, Engine]:
     """An eager engine and one compiling its decode graphs in the background, over copies of one model
-    with the projections float32 serving gives them: packed only, and packed beside the dense weight."""
-    eager = Engine(use_cpu_linear_(copy.deepcopy(tiny), keep_dense=False), EngineSettings(num_kv_blocks=64), 512,
+    with the projections float32 serving gives them, packed."""
+    eager = Engine(use_cpu_linear_(copy.deepcopy(tiny)), EngineSettings(num_kv_blocks=64), 512,
                    eos_token_ids=())
-    compiled = Engine(use_cpu_linear_(copy.deepcopy(tiny), keep_dense=True),
+    compiled = Engine(use_cpu_linear_(copy.deepcopy(tiny)),
                       EngineSettings(num_kv_blocks=64, cpu_compile="background", cpu_graph_store=False), 512,
                       eos_token_ids=())  # no store: the graphs are built while it serves, whatever was built before
     return eager, compiled
@@ -147,7 +147,7 @@ def test_the_graphs_attend_through_the_cpp_kernel(engines) -> None:
 def test_without_the_kernel_the_graphs_attend_by_tensor_operations_with_the_eager_tokens(
         tiny: LlamaModel, one_torch_thread) -> None:
     settings = EngineSettings(num_kv_blocks=64, cpu_compile="on", cpu_attention_kernel=False)
-    compiled = Engine(use_cpu_linear_(copy.deepcopy(tiny), keep_dense=True), settings, 512, eos_token_ids=())
+    compiled = Engine(use_cpu_linear_(copy.deepcopy(tiny)), settings, 512, eos_token_ids=())
     eager = Engine(copy.deepcopy(tiny), EngineSettings(num_kv_blocks=64), 512, eos_token_ids=())
     assert not compiled.runner.decode_graphs.attention_kernel
     batch = [list(range(10 + 7 * i, 40 + 5 * i)) for i in range(3)]
@@ -290,8 +290,8 @@ def test_the_weights_digest_tells_models_apart_by_any_weight_and_gives_up_on_opa
     int8 = weights_digest(quantize_(copy.deepcopy(tiny), "int8"))
     assert int8 is not None and int8 != weights_digest(tiny)
     assert weights_digest(quantize_(copy.deepcopy(tiny), "w8a8")) is None  # oneDNN's packed weights
-    assert weights_digest(use_cpu_linear_(copy.deepcopy(tiny), keep_dense=True)) == weights_digest(tiny)
-    assert weights_digest(use_cpu_linear_(copy.deepcopy(tiny), keep_dense=False)) is None  # packed alone
+    packed = weights_digest(use_cpu_linear_(copy.deepcopy(tiny)))  # as the dense weights packed
+    assert packed == weights_digest(use_cpu_linear_(copy.deepcopy(same))) != weights_digest(use_cpu_linear_(other))
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
@@ -310,7 +310,7 @@ def test_a_quantized_model_gets_graphs_of_its_own_after_another_of_its_shapes(
 
 
 def float32_engine(model: LlamaModel, **settings) -> Engine:
-    return Engine(use_cpu_linear_(copy.deepcopy(model), keep_dense=True),
+    return Engine(use_cpu_linear_(copy.deepcopy(model)),
                   EngineSettings(cpu_compile="on", **settings), 512, eos_token_ids=())
 
 
@@ -331,6 +331,24 @@ def test_the_next_start_loads_the_graphs_it_built_whatever_the_pools_size(
         before = second.load().graph_steps
         assert run(second, batch, "again") == run(first, batch, "again")
         assert second.load().graph_steps >= before + GREEDY.max_tokens - 1
+
+
+def test_the_graphs_hold_no_weight_twice(tiny: LlamaModel, tmp_path, monkeypatch, one_torch_thread) -> None:
+    """Each library runs on the model's own tensors where it has them (oneDNN's packs, the embedding,
+    the norms), and the few-rows graphs on one copy of what they packed for themselves."""
+    monkeypatch.setattr(cpu_graph_store, "default_store", lambda: tmp_path / "cpu-graphs")
+    engine = float32_engine(tiny, num_kv_blocks=64)
+    model, graphs = engine.runner.model, engine.runner.decode_graphs
+    (one, few), (many,) = graphs.libraries
+
+    def held(library: cpu_graph_store.DecodeLibrary) -> set[int]:
+        return {id(tensor) for tensor in library.weights.values()}
+
+    packs = {id(layer.mlp.down_proj.packed) for layer in model.layers} | {id(model.lm_head.packed)}
+    assert packs <= held(many)
+    assert held(many) <= {id(tensor) for tensor in cpu_graphs.tensors_of(model)}
+    assert held(one) == held(few)
+    assert all(id(model.embed_tokens.weight) in held(library) for library in (one, few, many))
 
 
 def test_a_stored_graph_that_does_not_load_is_built_again(

@@ -1,7 +1,7 @@
 """CpuLinear computes what linear does through oneDNN's packed weight, for one row, a decode step's
-few and a prompt's many; swapping it in keeps a model's outputs, and the dense weights only where a
-graph will be compiled from them (or where the output layer shares the embedding's); a graph traced
-with the packed weights multiplies with them and packs no copy of its own."""
+few and a prompt's many; swapping it in keeps a model's outputs and none of its dense projection
+weights (the embedding stays, shared or not); a graph traced with the packed weights multiplies with
+them and packs no copy of its own."""
 
 from __future__ import annotations
 
@@ -33,21 +33,29 @@ def test_cpu_linear_matches_linear(rows: int, bias: bool) -> None:
 def test_batch_dims_and_strided_inputs_are_kept() -> None:
     weight = torch.randn(48, 32)
     x = torch.randn(3, 5, 64)[..., ::2]  # (3, 5, 32), not contiguous
-    torch.testing.assert_close(CpuLinear(weight, keep_dense=False)(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(CpuLinear(weight)(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("keep_dense", [False, True])
-def test_swapping_keeps_the_models_outputs(tiny: LlamaModel, keep_dense: bool) -> None:
-    model = LlamaModel(dataclasses.replace(SHAPES["tiny"], tie_word_embeddings=True))
+@pytest.mark.parametrize("tied", [False, True])
+def test_swapping_keeps_the_models_outputs_and_no_dense_projection(tiny: LlamaModel, tied: bool) -> None:
+    model = LlamaModel(dataclasses.replace(SHAPES["tiny"], tie_word_embeddings=tied))
     model.load_state_dict(tiny.state_dict(), strict=False)
     model.eval()
     ids = torch.arange(5, 45)
     before = model.dense_forward(ids)
-    use_cpu_linear_(model, keep_dense)
+    embedding = model.embed_tokens.weight
+    use_cpu_linear_(model)
     torch.testing.assert_close(model.dense_forward(ids), before, rtol=1e-5, atol=1e-5)
-    assert model.lm_head.weight.data_ptr() == model.embed_tokens.weight.data_ptr()  # tied: one tensor, kept
-    projections = [layer.mlp.down_proj for layer in model.layers]
-    assert all((p.weight is not None) == keep_dense for p in projections)
+    assert model.embed_tokens.weight is embedding
+    dense = [name for name, tensor in model.named_parameters() if tensor.dim() == 2]
+    assert dense == ["embed_tokens.weight"], dense
+
+
+def test_the_digest_stands_for_the_dense_weight() -> None:
+    weight = torch.randn(48, 32)
+    nudged = weight.clone()
+    nudged[7, 3] += 1e-3
+    assert CpuLinear(weight).dense_digest == CpuLinear(weight.clone()).dense_digest != CpuLinear(nudged).dense_digest
 
 
 def test_a_graph_traced_with_the_packed_weights_packs_none_of_its_own(one_torch_thread) -> None:

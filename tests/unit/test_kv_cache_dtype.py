@@ -96,7 +96,7 @@ def test_a_half_width_cache_under_float32_weights_stays_within_its_rounding(tiny
 @pytest.mark.parametrize(("cache_dtype", "kernel"), [("bfloat16", True), ("bfloat16", False), ("float16", True)])
 def test_compiled_graphs_over_a_half_width_cache_give_the_eager_logits(tiny: LlamaModel, one_torch_thread,
                                                                        cache_dtype: str, kernel: bool) -> None:
-    model = use_cpu_linear_(copy.deepcopy(tiny), keep_dense=True)
+    model = use_cpu_linear_(copy.deepcopy(tiny))
     compiled = engine(model, EagerBeside, kv_cache_dtype=cache_dtype, cpu_compile="on", cpu_attention_kernel=kernel)
     graphs = compiled.runner.decode_graphs
     assert not graphs.failed and graphs.attention_kernel == kernel

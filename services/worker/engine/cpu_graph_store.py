@@ -32,6 +32,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.utils._sympy.numbers import int_oo
 
+from services.worker.engine.shared_weights import SharedWeights
 from shared.models.smollm2 import cache_root
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,10 @@ class Shapes:
 
 
 class DecodeLibrary:
-    """One library loaded, its weights in memory of their own; called with the step's tensors, flat."""
+    """One library loaded, its weights taken from those the process holds already where it can
+    (shared_weights.py); called with the step's tensors, flat."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, shared: SharedWeights) -> None:
         self.shapes = Shapes(**{k: tuple(v) for k, v in json.loads((folder / SHAPES).read_text()).items()})
         library = str(folder / SHARED_OBJECT)
         reader = torch._C._aoti.AOTIModelContainerRunnerCpu(library, 1)
@@ -78,13 +80,14 @@ class DecodeLibrary:
         # AOTInductor copies the weights into one block from malloc, 16 bytes past a 64-byte boundary,
         # so every weight it lays out at 64 bytes straddles cache lines: oneDNN's float32 products ran
         # ~20 % slower there (SmolLM2, 64 rows: 186 against 158 ms a step, 9 rounds taking turns).
-        # Copies made by PyTorch are aligned; a second runner is built on them, and the first one's
-        # block goes with it (its runner keeps that block for as long as it lives).
+        # The weights are read with one runner and the one kept is built on tensors of PyTorch's,
+        # aligned: the process's own or copies; the first runner's block goes with it (a runner keeps
+        # that block for as long as it lives).
         names = {fqn: name for name, fqn in reader.get_constant_names_to_original_fqns().items()}
-        self._weights = {names[fqn]: weight.clone() for fqn, weight in reader.extract_constants_map(False).items()}
+        self.weights = {names[fqn]: shared.take(weight) for fqn, weight in reader.extract_constants_map(False).items()}
         del reader
         self._runner = torch._C._aoti.AOTIModelContainerRunnerCpu(library, 1)
-        self._runner.update_constant_buffer(self._weights, False, True, True)  # active, all of them, ours
+        self._runner.update_constant_buffer(self.weights, False, True, True)  # active, all of them, ours
 
     def __call__(self, inputs: list[torch.Tensor]) -> torch.Tensor:
         return self._runner.run(inputs)[0]
@@ -140,18 +143,19 @@ def shapes_of(program: ExportedProgram, rows: tuple[int, int], positions: tuple[
 
 
 def load_or_build(store: Path | None, program: ExportedProgram, weights_digest: str,
-                  inductor_options: dict, shapes: Shapes) -> DecodeLibrary:
-    """The stored library for this program, built first if there is none (or none that loads). With no
-    store, built in a scratch folder and loaded from it, kept nowhere."""
+                  inductor_options: dict, shapes: Shapes, shared: SharedWeights) -> DecodeLibrary:
+    """The stored library for this program, built first if there is none (or none that loads), holding
+    the weights `shared` holds already. With no store, built in a scratch folder and loaded from it,
+    kept nowhere."""
     if store is None:
         with tempfile.TemporaryDirectory(prefix="drivetrain-graph-") as scratch:
             folder = Path(scratch) / "library"
             _build(program, inductor_options, shapes, folder)
-            return DecodeLibrary(folder)
+            return DecodeLibrary(folder, shared)
     folder = store / library_key(program, weights_digest, inductor_options)
     if folder.is_dir():
         try:
-            library = DecodeLibrary(folder)
+            library = DecodeLibrary(folder, shared)
             os.utime(folder)  # recently used: pruned last
             log.info("CPU decode graph loaded from %s", folder)
             return library
@@ -161,7 +165,7 @@ def load_or_build(store: Path | None, program: ExportedProgram, weights_digest: 
     store.mkdir(parents=True, exist_ok=True)
     _build(program, inductor_options, shapes, folder)
     _prune(store)
-    return DecodeLibrary(folder)
+    return DecodeLibrary(folder, shared)
 
 
 def _build(program: ExportedProgram, inductor_options: dict, shapes: Shapes, folder: Path) -> None:

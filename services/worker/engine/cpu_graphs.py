@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import types
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -49,6 +50,7 @@ from services.worker.engine.cpu_graph_store import DecodeLibrary, Shapes, load_o
 from services.worker.engine.cpu_linear import CpuLinear
 from services.worker.engine.model import KVCache, LlamaModel
 from services.worker.engine.quantize import scheme_of
+from services.worker.engine.shared_weights import SharedWeights, tensor_bytes
 
 log = logging.getLogger(__name__)
 
@@ -173,13 +175,17 @@ def step_inputs(input_ids: torch.Tensor, positions: torch.Tensor, group: DecodeG
     return tensors + [tensor for cache in kv_caches for tensor in cache]
 
 
+def tensors_of(model: nn.Module) -> Iterable[torch.Tensor]:
+    """Every tensor a module tree holds: parameters, buffers, and plain attributes (packed weights)."""
+    return itertools.chain(model.parameters(), model.buffers(),
+                           (value for module in model.modules() for value in vars(module).values()
+                            if isinstance(value, torch.Tensor)))
+
+
 def _sharing_weights(model: nn.Module) -> nn.Module:
     """A copy of the module tree holding the very same tensors. Exporting traces a model with stand-ins
     for its weights swapped into its modules: on a copy, the steps served meanwhile keep the real ones."""
-    tensors = itertools.chain(model.parameters(), model.buffers(),
-                              (value for module in model.modules() for value in vars(module).values()
-                               if isinstance(value, torch.Tensor)))
-    return copy.deepcopy(model, memo={id(tensor): tensor for tensor in tensors})
+    return copy.deepcopy(model, memo={id(tensor): tensor for tensor in tensors_of(model)})
 
 
 def decode_group(meta: AttentionMetadata, block_size: int,
@@ -211,19 +217,20 @@ def decode_group(meta: AttentionMetadata, block_size: int,
 
 def weights_digest(model: nn.Module) -> str | None:
     """A digest of every weight and buffer a graph of `model` freezes in, for the keys of the stored graphs
-    (cpu_graph_store) and of torch.compile's caches; None where one is opaque (oneDNN's packed weights)
-    and no dense copy of it is kept. Inductor's cache keys a frozen weight by its shape and dtype alone,
-    and caches the copies it packs from it with the graph: without the digest, an int8 or int4 model
-    compiled after another of the same shapes, in any process, decoded with the first one's weights."""
-    if any(isinstance(module, CpuLinear) and module.weight is None for module in model.modules()):
-        return None  # its packed weight alone, which the digest cannot read
+    (cpu_graph_store) and of torch.compile's caches; a packed float32 weight counts as the dense one it
+    was packed from. None where a weight is opaque with nothing to stand for it (w8a8's oneDNN weights).
+    Inductor's cache keys a frozen weight by its shape and dtype alone, and caches the copies it packs
+    from it with the graph: without the digest, an int8 or int4 model compiled after another of the
+    same shapes, in any process, decoded with the first one's weights."""
     digest = hashlib.blake2b(digest_size=16)
     for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers()):
         if tensor.is_mkldnn:
             return None
-        data = tensor.detach().contiguous().reshape(-1)
-        digest.update(f"{name} {data.dtype} {tuple(tensor.shape)};".encode())
-        digest.update(data.view(torch.uint8).numpy())
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)};".encode())
+        digest.update(tensor_bytes(tensor))
+    for name, module in model.named_modules():
+        if isinstance(module, CpuLinear):
+            digest.update(f"{name} packed from {module.dense_digest.hex()};".encode())
     return digest.hexdigest()
 
 
@@ -326,13 +333,14 @@ class CpuDecodeGraphs:
     def _load_libraries(self, digest: str) -> None:
         """Every plan's graphs from the store, each exported and built first where it has none."""
         step = _ExportedStep(_sharing_weights(self.model))
+        shared = SharedWeights(tensors_of(self.model))
         for plan in self.plans:
             libraries = []
             for batch in plan.warmup_batches:
                 program = self._export(step, batch)
                 with compiling(plan, digest):
                     library = load_or_build(self.store, program, digest, plan.inductor_options,
-                                            self._shapes(program))
+                                            self._shapes(program), shared)
                 ids, positions, group, caches = self._warmup_args(batch)
                 library(step_inputs(ids, positions, group, caches))  # loads its pages before a step needs them
                 libraries.append(library)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from services.worker.engine.model import LlamaModel
+from services.worker.engine.shared_weights import tensor_digest
 
 PACKED_FOR_ROWS = 64  # oneDNN's layout hint; any row count runs, and 16 to 512 measured alike
 
@@ -32,30 +33,29 @@ def project(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = N
 
 
 class CpuLinear(nn.Module):
-    """A linear layer whose product goes through the packed weight. It keeps the dense weight only
-    where graphs will be compiled from the model, whose store keys them by a digest of the weights
-    (cpu_graphs.weights_digest), or where it is shared with the embedding."""
+    """A linear layer whose product goes through the packed weight, the only copy it keeps. The digest
+    of the dense weight it was packed from stands for it in the keys of the stored graphs
+    (cpu_graphs.weights_digest)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, keep_dense: bool = True) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.packed = pack(weight)
-        self.weight = nn.Parameter(weight, requires_grad=False) if keep_dense else None
+        self.dense_digest = tensor_digest(weight)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return project(x, self.packed, self.bias)
 
 
-def use_cpu_linear_(model: LlamaModel, keep_dense: bool) -> LlamaModel:
-    """Swap every float32 projection, and the output layer, for CpuLinear, in place. keep_dense:
-    graphs will be compiled from the model, so each layer keeps its dense weight beside the packed one."""
+def use_cpu_linear_(model: LlamaModel) -> LlamaModel:
+    """Swap every float32 projection, and the output layer, for CpuLinear, in place: the dense weights
+    go (but the embedding's, where the output layer shares it)."""
     for layer in model.layers:
         for owner, name in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
                             (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")):  # fmt: skip
             linear = getattr(owner, name)
             bias = None if linear.bias is None else linear.bias.data
-            setattr(owner, name, CpuLinear(linear.weight.data, bias, keep_dense))
-    tied = model.lm_head is None
-    output = model.embed_tokens if tied else model.lm_head
-    model.lm_head = CpuLinear(output.weight.data, keep_dense=keep_dense or tied)  # tied: the embedding's tensor
+            setattr(owner, name, CpuLinear(linear.weight.data, bias))
+    output = model.embed_tokens if model.lm_head is None else model.lm_head
+    model.lm_head = CpuLinear(output.weight.data)
     return model

@@ -251,7 +251,7 @@ def load_engine_model(spec: ModelSpec, settings: EngineSettings, device: torch.d
     if settings.quantization != "none":
         quantize_(model, settings.quantization)
     elif float32_on_cpu and torch.backends.mkldnn.is_available():
-        use_cpu_linear_(model, keep_dense=settings.cpu_compile != "off")  # oneDNN's packed float32 GEMM
+        use_cpu_linear_(model)  # oneDNN's packed float32 GEMM
     return model, tokenizer
 
 
