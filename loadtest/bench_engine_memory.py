@@ -79,14 +79,20 @@ def plot(results: dict, path: Path) -> None:
     starts = results["starts"]
     labels = [f"{s['variant']}\n{'built' if s['libraries_built'] else 'loaded'}" for s in starts]
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(starts)), 4))
-    x = range(len(starts))
-    ax.bar(x, [s["vm_rss_mb"] / 1024 for s in starts], label="VmRSS")
-    ax.bar(x, [s["weights_held_mb"] / 1024 for s in starts], width=0.4, label="weights held")
-    ax.bar(x, [s["kv_cache_mb"] / 1024 for s in starts], width=0.2, label="KV cache")
+    x = list(range(len(starts)))
+    weights = [s["weights_held_mb"] / 1024 for s in starts]
+    cache = [s["kv_cache_mb"] / 1024 for s in starts]
+    rest = [s["vm_rss_mb"] / 1024 - w - c for s, w, c in zip(starts, weights, cache)]
+    ax.bar(x, weights, label="weights held")
+    ax.bar(x, cache, bottom=weights, label="KV cache")
+    ax.bar(x, rest, bottom=[w + c for w, c in zip(weights, cache)], label="the rest of VmRSS")
+    ax.scatter(x, [s["weights_with_a_copy_per_library_mb"] / 1024 for s in starts], marker="_", s=900, color="black",
+               label="weights with a copy per library")
     ax.set_xticks(list(x), labels, fontsize=8)
     ax.set_ylabel("GiB")
     ax.set_title("SmolLM2 engine's memory once its CPU graphs are ready")
-    ax.legend()
+    ax.set_ylim(0, 1.45 * max(s["vm_rss_mb"] / 1024 for s in starts))
+    ax.legend(fontsize=8, ncols=2, loc="upper center")
     fig.tight_layout()
     fig.savefig(path)
 
