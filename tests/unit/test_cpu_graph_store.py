@@ -1,11 +1,16 @@
-"""The store of compiled CPU decode graphs: which sizes a library takes, and which folders it keeps."""
+"""The store of compiled CPU decode graphs: which sizes a library takes, which folders it keeps, and
+which it refuses to load (before AOTInductor maps a file cut short)."""
 
 from __future__ import annotations
 
+import json
 import os
 
+import pytest
+
 from services.worker.engine import cpu_graph_store
-from services.worker.engine.cpu_graph_store import Shapes
+from services.worker.engine.cpu_graph_store import RECORD, WEIGHTS, DecodeLibrary, Shapes, StoreDamaged
+from services.worker.engine.shared_weights import SharedWeights
 
 
 def test_a_library_covers_the_sizes_within_its_ranges_alone() -> None:
@@ -28,3 +33,26 @@ def test_the_store_keeps_the_most_recently_used_folders_and_builds_in_progress(t
     os.utime(abandoned, (1_000_000, 1_000_000))
     cpu_graph_store._prune(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".building-now", "a", "b", "c"]
+
+
+def recorded_folder(tmp_path, files: dict[str, bytes]):
+    folder = tmp_path / "library"
+    folder.mkdir()
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    shapes = {"rows": [1, 1], "positions": [2, None]}
+    (folder / RECORD).write_text(json.dumps({"shapes": shapes, "files": {n: len(d) for n, d in files.items()}}))
+    return folder
+
+
+@pytest.mark.parametrize("damage", ["cut short", "missing", "record unreadable"])
+def test_a_damaged_library_is_refused_before_anything_is_loaded(tmp_path, damage: str) -> None:
+    folder = recorded_folder(tmp_path, {WEIGHTS: b"w" * 4096, cpu_graph_store.SHARED_OBJECT: b"not ELF"})
+    if damage == "cut short":
+        os.truncate(folder / WEIGHTS, 1000)
+    elif damage == "missing":
+        (folder / WEIGHTS).unlink()
+    else:
+        (folder / RECORD).write_text('{"shapes": ')
+    with pytest.raises(StoreDamaged):
+        DecodeLibrary(folder, SharedWeights(()))

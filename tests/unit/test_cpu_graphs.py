@@ -4,6 +4,7 @@ background, serving eagerly meanwhile) produces exactly the eager engine's token
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -356,9 +357,11 @@ def test_a_stored_graph_that_does_not_load_is_built_again(
     monkeypatch.setattr(cpu_graph_store, "default_store", lambda: tmp_path / "cpu-graphs")
     float32_engine(tiny, num_kv_blocks=64)
     newest = max((tmp_path / "cpu-graphs").iterdir(), key=lambda folder: folder.stat().st_mtime)  # more rows
-    # Its sizes unreadable. (Not its shared object: this process has it mapped, and a file mapped is
-    # never rewritten in place; the store only ever renames whole folders into place.)
-    (newest / cpu_graph_store.SHAPES).write_text("{")
+    # Its weights cut short, as by a copy of the cache interrupted: AOTInductor would read past their end
+    # (SIGBUS). (Not its shared object: this process has it mapped, and a file mapped is never rewritten
+    # in place; the store only ever renames whole folders into place.)
+    weights = newest / cpu_graph_store.WEIGHTS
+    os.truncate(weights, weights.stat().st_size // 2)
     again = float32_engine(tiny, num_kv_blocks=64)
     eager = Engine(copy.deepcopy(tiny), EngineSettings(num_kv_blocks=64), 512, eos_token_ids=())
     assert not again.runner.decode_graphs.failed

@@ -9,10 +9,12 @@ the next start had them ready in 24 s (each traced again for its key, then loade
 torch.compile's, and a step 3-9 % faster (1 to 64 rows, one process, rounds taking turns). oneDNN's
 int8 products for w8a8 weights do not export; those graphs still compile at every start.
 
-A library is a folder named by its key: the shared object, its weights, the sizes it takes, and the
-table its custom-op calls are read from, where it makes any. Loading runs native code from that
-folder, so it lives in the user's own cache (engine.cpu_graph_store); a folder appears whole
-(renamed into place) or not at all.
+A library is a folder named by its key: the shared object, its weights, the table its custom-op
+calls are read from, where it makes any, and a record of the sizes it takes and of its files. Loading
+runs native code from that folder, so it lives in the user's own cache (engine.cpu_graph_store); a
+folder appears whole (renamed into place) or not at all, and one whose files are not the sizes
+recorded is built again: AOTInductor maps them, and reading past the end of a truncated one kills
+the process (SIGBUS).
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from shared.models.smollm2 import cache_root
 
 log = logging.getLogger(__name__)
 
-STORE_VERSION = 1  # bump when what a folder holds changes
-SHARED_OBJECT, OP_TABLE, WEIGHTS, SHAPES = "graph.so", "graph.json", "graph.blob", "shapes.json"
+STORE_VERSION = 2  # bump when what a folder holds changes
+SHARED_OBJECT, OP_TABLE, WEIGHTS, RECORD = "graph.so", "graph.json", "graph.blob", "library.json"
 # AOTInductor's names for the files inside the package it writes. The op table, there when the graph
 # calls custom ops (the C++ attention kernel), must sit beside the shared object with its stem: that
 # is where the runtime looks for it.
@@ -68,12 +70,32 @@ class Shapes:
                    for size, (low, high) in ((rows, self.rows), (positions, self.positions)))
 
 
+class StoreDamaged(Exception):
+    """A stored library's folder is not what was built there: its record unreadable, a file missing or of
+    another size."""
+
+
+def _read_record(folder: Path) -> Shapes:
+    """The sizes the library takes, once its files are checked against the record written with them."""
+    try:
+        record = json.loads((folder / RECORD).read_text())
+        files, shapes = record["files"], Shapes(**{k: tuple(v) for k, v in record["shapes"].items()})
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StoreDamaged(f"{folder / RECORD} unreadable: {exc}") from exc
+    for name, size in files.items():
+        path = folder / name
+        found = path.stat().st_size if path.is_file() else None
+        if found != size:
+            raise StoreDamaged(f"{path} holds {found} bytes where {size} were written")
+    return shapes
+
+
 class DecodeLibrary:
     """One library loaded, its weights taken from those the process holds already where it can
     (shared_weights.py); called with the step's tensors, flat."""
 
     def __init__(self, folder: Path, shared: SharedWeights) -> None:
-        self.shapes = Shapes(**{k: tuple(v) for k, v in json.loads((folder / SHAPES).read_text()).items()})
+        self.shapes = _read_record(folder)
         library = str(folder / SHARED_OBJECT)
         reader = torch._C._aoti.AOTIModelContainerRunnerCpu(library, 1)
         reader.update_constant_buffer_from_blob(str(folder / WEIGHTS))
@@ -159,8 +181,9 @@ def load_or_build(store: Path | None, program: ExportedProgram, weights_digest: 
             os.utime(folder)  # recently used: pruned last
             log.info("CPU decode graph loaded from %s", folder)
             return library
-        except Exception:
-            log.exception("the stored CPU decode graph in %s does not load; building it again", folder)
+        except Exception as exc:  # damaged, or no longer loadable here
+            log.warning("the stored CPU decode graph in %s does not load (%s); building it again", folder, exc,
+                        exc_info=not isinstance(exc, StoreDamaged))
             shutil.rmtree(folder, ignore_errors=True)
     store.mkdir(parents=True, exist_ok=True)
     _build(program, inductor_options, shapes, folder)
@@ -187,7 +210,8 @@ def _build(program: ExportedProgram, inductor_options: dict, shapes: Shapes, fol
         missing = {SHARED_OBJECT, WEIGHTS} - {path.name for path in built.iterdir()}
         if missing:
             raise RuntimeError(f"AOTInductor's package holds no {', '.join(sorted(missing))}")
-        (built / SHAPES).write_text(json.dumps(asdict(shapes)))
+        files = {path.name: path.stat().st_size for path in built.iterdir()}
+        (built / RECORD).write_text(json.dumps({"shapes": asdict(shapes), "files": files}))
         try:
             built.rename(folder)
         except OSError:
