@@ -2,7 +2,7 @@
 
 A compiled CPU decode graph's library (cpu_graph_store.py) carries its own copy of every weight it
 was built with, and a float32 model has three such libraries beside the model itself: SmolLM2 held
-~4.1 GB, where its weights are 0.54 GB. Most of those copies are the same bytes: the many-rows
+4.25 GiB, where its weights are 0.54 GB. Most of those copies are the same bytes: the many-rows
 graph multiplies with the very oneDNN packs the model's eager path does, every graph reads the same
 embedding and norms, and the two few-rows graphs the same weights packed for inductor's own GEMM
 kernels. A library takes a weight from here when one with its contents is already held.
