@@ -45,14 +45,16 @@ def recorded_folder(tmp_path, files: dict[str, bytes]):
     return folder
 
 
-@pytest.mark.parametrize("damage", ["cut short", "missing", "record unreadable"])
+@pytest.mark.parametrize("damage", ["cut short", "missing", "record unreadable", "record of another form"])
 def test_a_damaged_library_is_refused_before_anything_is_loaded(tmp_path, damage: str) -> None:
     folder = recorded_folder(tmp_path, {WEIGHTS: b"w" * 4096, cpu_graph_store.SHARED_OBJECT: b"not ELF"})
     if damage == "cut short":
         os.truncate(folder / WEIGHTS, 1000)
     elif damage == "missing":
         (folder / WEIGHTS).unlink()
-    else:
+    elif damage == "record unreadable":
         (folder / RECORD).write_text('{"shapes": ')
+    else:
+        (folder / RECORD).write_text('{"shapes": [1, 2], "files": 5}')
     with pytest.raises(StoreDamaged):
         DecodeLibrary(folder, SharedWeights(()))

@@ -79,8 +79,8 @@ def _read_record(folder: Path) -> Shapes:
     """The sizes the library takes, once its files are checked against the record written with them."""
     try:
         record = json.loads((folder / RECORD).read_text())
-        files, shapes = record["files"], Shapes(**{k: tuple(v) for k, v in record["shapes"].items()})
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        files, shapes = dict(record["files"]), Shapes(**{k: tuple(v) for k, v in record["shapes"].items()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StoreDamaged(f"{folder / RECORD} unreadable: {exc}") from exc
     for name, size in files.items():
         path = folder / name
