@@ -1,5 +1,6 @@
 """The store of compiled CPU decode graphs: which sizes a library takes, which folders it keeps, and
-which it refuses to load (before AOTInductor maps a file cut short)."""
+which it refuses to load (before AOTInductor maps a file cut short, or a weight is taken that is not
+what the library was built with)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import json
 import os
 
 import pytest
+import torch
 
 from services.worker.engine import cpu_graph_store
-from services.worker.engine.cpu_graph_store import RECORD, WEIGHTS, DecodeLibrary, Shapes, StoreDamaged
-from services.worker.engine.shared_weights import SharedWeights
+from services.worker.engine.cpu_graph_store import OWN_WEIGHTS, RECORD, DecodeLibrary, Shapes, StoreDamaged
+from services.worker.engine.shared_weights import SharedWeights, form_of
 
 
 def test_a_library_covers_the_sizes_within_its_ranges_alone() -> None:
@@ -35,26 +37,43 @@ def test_the_store_keeps_the_most_recently_used_folders_and_builds_in_progress(t
     assert sorted(p.name for p in tmp_path.iterdir()) == [".building-now", "a", "b", "c"]
 
 
-def recorded_folder(tmp_path, files: dict[str, bytes]):
+def recorded_folder(tmp_path, files: dict[str, bytes], weights: dict[str, dict] | None = None):
     folder = tmp_path / "library"
     folder.mkdir()
     for name, data in files.items():
         (folder / name).write_bytes(data)
-    shapes = {"rows": [1, 1], "positions": [2, None]}
-    (folder / RECORD).write_text(json.dumps({"shapes": shapes, "files": {n: len(d) for n, d in files.items()}}))
+    record = {"shapes": {"rows": [1, 1], "positions": [2, None]}, "files": {n: len(d) for n, d in files.items()},
+              "weights": weights or {}}
+    (folder / RECORD).write_text(json.dumps(record))
     return folder
 
 
-@pytest.mark.parametrize("damage", ["cut short", "missing", "record unreadable", "record of another form"])
+@pytest.mark.parametrize("damage", ["cut short", "missing", "record unreadable", "record of another form",
+                                    "a weight of another form", "a weight the model lacks", "a weight kept nowhere",
+                                    "a weight in two places"])
 def test_a_damaged_library_is_refused_before_anything_is_loaded(tmp_path, damage: str) -> None:
-    folder = recorded_folder(tmp_path, {WEIGHTS: b"w" * 4096, cpu_graph_store.SHARED_OBJECT: b"not ELF"})
+    norm = torch.ones(8)
+    weight = {"key": f"{form_of(norm)} 00", "model": "norm.weight"}
+    folder = recorded_folder(tmp_path, {OWN_WEIGHTS: b"w" * 4096, cpu_graph_store.SHARED_OBJECT: b"not ELF"},
+                             {"constant0": weight})
+    record = json.loads((folder / RECORD).read_text())
     if damage == "cut short":
-        os.truncate(folder / WEIGHTS, 1000)
+        os.truncate(folder / OWN_WEIGHTS, 1000)
     elif damage == "missing":
-        (folder / WEIGHTS).unlink()
+        (folder / OWN_WEIGHTS).unlink()
     elif damage == "record unreadable":
         (folder / RECORD).write_text('{"shapes": ')
-    else:
+    elif damage == "record of another form":
         (folder / RECORD).write_text('{"shapes": [1, 2], "files": 5}')
+    elif damage == "a weight of another form":
+        norm = torch.ones(4)
+    elif damage == "a weight the model lacks":
+        weight["model"] = "lm_head.packed"
+    elif damage == "a weight kept nowhere":
+        weight = {"key": weight["key"], "file": "../../elsewhere.pt"}
+    else:
+        weight = {**weight, "file": OWN_WEIGHTS}
+    if damage.startswith("a weight"):
+        (folder / RECORD).write_text(json.dumps({**record, "weights": {"constant0": weight}}))
     with pytest.raises(StoreDamaged):
-        DecodeLibrary(folder, SharedWeights(()))
+        DecodeLibrary(folder, SharedWeights([("norm.weight", norm)]))

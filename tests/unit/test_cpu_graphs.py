@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from services.worker.engine import cpu_graph_store, cpu_graphs
+from services.worker.engine import cpu_graph_store, cpu_graphs, shared_weights
 from services.worker.engine.attention import AttentionMetadata
 from services.worker.engine.cpu_graphs import (
     BFLOAT16,
@@ -319,6 +319,10 @@ def refuse_to_build(*args) -> None:
     raise AssertionError("built a graph the store holds")
 
 
+def refuse_to_digest(*args) -> None:
+    raise AssertionError("digested a weight to load a stored graph")
+
+
 def test_the_next_start_loads_the_graphs_it_built_whatever_the_pools_size(
         tiny: LlamaModel, tmp_path, monkeypatch, one_torch_thread) -> None:
     monkeypatch.setattr(cpu_graph_store, "default_store", lambda: tmp_path / "cpu-graphs")
@@ -326,6 +330,8 @@ def test_the_next_start_loads_the_graphs_it_built_whatever_the_pools_size(
     assert not first.runner.decode_graphs.failed
     assert len(list((tmp_path / "cpu-graphs").iterdir())) == 3  # one row, a few rows, more rows
     monkeypatch.setattr(cpu_graph_store, "_build", refuse_to_build)
+    monkeypatch.setattr(cpu_graph_store, "contents_key", refuse_to_digest)
+    monkeypatch.setattr(shared_weights, "contents_key", refuse_to_digest)
     second = float32_engine(tiny, num_kv_blocks=96)
     assert not second.runner.decode_graphs.failed
     for batch in ([list(range(7, 29))], [list(range(3 + i, 30 + i)) for i in range(FEW_ROWS.max_rows + 1)]):
@@ -350,17 +356,44 @@ def test_the_graphs_hold_no_weight_twice(tiny: LlamaModel, tmp_path, monkeypatch
     assert held(many) <= {id(tensor) for tensor in cpu_graphs.tensors_of(model)}
     assert held(one) == held(few)
     assert all(id(model.embed_tokens.weight) in held(library) for library in (one, few, many))
+    # On disk, each library keeps the weights of its own alone, saved by PyTorch, and none for the
+    # many rows; not AOTInductor's blob of them all.
+    kept = {folder: {path.name for path in folder.iterdir()} for folder in (tmp_path / "cpu-graphs").iterdir()}
+    assert not any(cpu_graph_store.WEIGHTS in names for names in kept.values())
+    assert sorted(cpu_graph_store.OWN_WEIGHTS in names for names in kept.values()) == [False, True, True]
+
+
+def test_weights_packed_by_inductor_stay_in_aotinductors_blob_and_load_from_it(
+        tiny: LlamaModel, tmp_path, monkeypatch, one_torch_thread) -> None:
+    """Dense float32 projections, which inductor's freezing packs for oneDNN itself (as it does bfloat16
+    ones where oneDNN multiplies bfloat16): those packs are opaque, PyTorch does not save them, so the
+    library keeps AOTInductor's blob and a load reads them from it, by the keys its build recorded."""
+    monkeypatch.setattr(cpu_graph_store, "default_store", lambda: tmp_path / "cpu-graphs")
+    settings = EngineSettings(num_kv_blocks=64, cpu_compile="on")
+    first = Engine(copy.deepcopy(tiny), settings, 512, eos_token_ids=())
+    blobs = [library for plan in first.runner.decode_graphs.libraries for library in plan
+             if (library.folder / cpu_graph_store.WEIGHTS).is_file()]
+    assert blobs and all(any(weight.is_mkldnn for weight in library.weights.values()) for library in blobs)
+    monkeypatch.setattr(cpu_graph_store, "_build", refuse_to_build)
+    monkeypatch.setattr(cpu_graph_store, "contents_key", refuse_to_digest)
+    monkeypatch.setattr(shared_weights, "contents_key", refuse_to_digest)
+    second = Engine(copy.deepcopy(tiny), settings, 512, eos_token_ids=())
+    assert not second.runner.decode_graphs.failed
+    wide = [list(range(3 + i, 30 + i)) for i in range(FEW_ROWS.max_rows + 1)]
+    for batch in ([list(range(7, 29))], wide):
+        before = second.load().graph_steps
+        assert run(second, batch, "again") == run(first, batch, "again")
+        assert second.load().graph_steps >= before + GREEDY.max_tokens - 1
 
 
 def test_a_stored_graph_that_does_not_load_is_built_again(
         tiny: LlamaModel, tmp_path, monkeypatch, one_torch_thread) -> None:
     monkeypatch.setattr(cpu_graph_store, "default_store", lambda: tmp_path / "cpu-graphs")
     float32_engine(tiny, num_kv_blocks=64)
-    newest = max((tmp_path / "cpu-graphs").iterdir(), key=lambda folder: folder.stat().st_mtime)  # more rows
-    # Its weights cut short, as by a copy of the cache interrupted: AOTInductor would read past their end
-    # (SIGBUS). (Not its shared object: this process has it mapped, and a file mapped is never rewritten
-    # in place; the store only ever renames whole folders into place.)
-    weights = newest / cpu_graph_store.WEIGHTS
+    # A library's own weights cut short, as by a copy of the cache interrupted: reading them mapped would
+    # read past their end (SIGBUS). (Not its shared object: this process has it mapped, and a file mapped
+    # is never rewritten in place; the store only ever renames whole folders into place.)
+    weights = next((tmp_path / "cpu-graphs").glob(f"*/{cpu_graph_store.OWN_WEIGHTS}"))
     os.truncate(weights, weights.stat().st_size // 2)
     again = float32_engine(tiny, num_kv_blocks=64)
     eager = Engine(copy.deepcopy(tiny), EngineSettings(num_kv_blocks=64), 512, eos_token_ids=())

@@ -9,16 +9,20 @@ the next start had them ready in 24 s (each traced again for its key, then loade
 torch.compile's, and a step 3-9 % faster (1 to 64 rows, one process, rounds taking turns). oneDNN's
 int8 products for w8a8 weights do not export; those graphs still compile at every start.
 
-A library is a folder named by its key: the shared object, its weights, the table its custom-op
-calls are read from, where it makes any, and a record of the sizes it takes and of its files. Loading
-runs native code from that folder, so it lives in the user's own cache (engine.cpu_graph_store); a
-folder appears whole (renamed into place) or not at all, and one whose files are not the sizes
-recorded is built again: AOTInductor maps them, and reading past the end of a truncated one kills
-the process (SIGBUS).
+A library is a folder named by its key: the shared object, the table its custom-op calls are read
+from, where it makes any, the weights of its own, and a record of the sizes it takes, of its files
+and of where each of its weights comes from. Most are the model's (shared_weights.py): a load takes
+them from the process by name and reads only the rest, from a file of PyTorch's mapped in place, or
+from AOTInductor's blob where a weight of its own is oneDNN's opaque pack (bfloat16). Loading runs
+native code from that folder, so it lives in the user's own cache (engine.cpu_graph_store); a folder
+appears whole (renamed into place) or not at all, and one whose files are not the sizes recorded is
+built again: AOTInductor maps them, and reading past the end of a truncated one kills the process
+(SIGBUS).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -34,20 +38,21 @@ import torch
 from torch.export import ExportedProgram
 from torch.utils._sympy.numbers import int_oo
 
-from services.worker.engine.shared_weights import SharedWeights
+from services.worker.engine.shared_weights import SharedWeights, contents_key, form_of
 from shared.models.smollm2 import cache_root
 
 log = logging.getLogger(__name__)
 
-STORE_VERSION = 2  # bump when what a folder holds changes
+STORE_VERSION = 3  # bump when what a folder holds changes
 SHARED_OBJECT, OP_TABLE, WEIGHTS, RECORD = "graph.so", "graph.json", "graph.blob", "library.json"
+OWN_WEIGHTS = "weights.pt"  # the weights none of the model's tensors holds, where PyTorch can save them
 # AOTInductor's names for the files inside the package it writes. The op table, there when the graph
 # calls custom ops (the C++ attention kernel), must sit beside the shared object with its stem: that
 # is where the runtime looks for it.
 PACKAGED = {".wrapper.so": SHARED_OBJECT, ".wrapper.json": OP_TABLE, ".wrapper_weights.blob": WEIGHTS}
 WEIGHTS_BESIDE = {"aot_inductor.package_constants_in_so": False,
                   "aot_inductor.package_constants_on_disk_format": "binary_blob"}
-MAX_LIBRARIES = 8  # folders kept, the most recently used; SmolLM2 float32 takes three of ~630 MB
+MAX_LIBRARIES = 8  # folders kept, the most recently used; SmolLM2 float32 takes three, 1.1 GB in all
 ABANDONED_BUILD_S = 24 * 3600  # a build folder this old belongs to a process that died building
 COPY_CHUNK = 16 << 20
 
@@ -72,14 +77,38 @@ class Shapes:
 
 class StoreDamaged(Exception):
     """A stored library's folder is not what was built there: its record unreadable, a file missing or of
-    another size."""
+    another size, a weight it names not the model's."""
 
 
-def _read_record(folder: Path) -> Shapes:
-    """The sizes the library takes, once its files are checked against the record written with them."""
+@dataclass(frozen=True)
+class StoredWeight:
+    """One weight of a library: its contents key (shared_weights.contents_key), and where a load finds
+    it: the model's tensor of that name, or else a file of the library's folder."""
+
+    key: str
+    model: str | None = None
+    file: str | None = None
+
+    def __post_init__(self) -> None:
+        places = [place for place in (self.model, self.file) if place is not None]
+        if not isinstance(self.key, str) or len(places) != 1 or not isinstance(places[0], str):
+            raise ValueError(f"a weight is its key and one place: {self}")
+
+
+@dataclass(frozen=True)
+class Record:
+    """What a library's build wrote beside it: the sizes it takes and its weights, by their names."""
+
+    shapes: Shapes
+    weights: dict[str, StoredWeight]
+
+
+def _read_record(folder: Path) -> Record:
+    """The folder's record, once its files are checked against it."""
     try:
         record = json.loads((folder / RECORD).read_text())
         files, shapes = dict(record["files"]), Shapes(**{k: tuple(v) for k, v in record["shapes"].items()})
+        weights = {str(name): StoredWeight(**entry) for name, entry in dict(record["weights"]).items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StoreDamaged(f"{folder / RECORD} unreadable: {exc}") from exc
     for name, size in files.items():
@@ -87,28 +116,57 @@ def _read_record(folder: Path) -> Shapes:
         found = path.stat().st_size if path.is_file() else None
         if found != size:
             raise StoreDamaged(f"{path} holds {found} bytes where {size} were written")
-    return shapes
+    return Record(shapes, weights)
+
+
+def _runner(folder: Path) -> torch._C._aoti.AOTIModelContainerRunnerCpu:
+    return torch._C._aoti.AOTIModelContainerRunnerCpu(str(folder / SHARED_OBJECT), 1)
+
+
+@contextlib.contextmanager
+def _blob_weights(folder: Path):
+    """AOTInductor's weights of a library by their names, valid within the block: AOTInductor reads
+    the blob into memory from malloc, 16 bytes past a 64-byte boundary, where every weight it lays out
+    at 64 bytes straddles cache lines (oneDNN's float32 products ran ~20 % slower there: SmolLM2,
+    64 rows, 186 against 158 ms a step), and frees it with the runner that read it."""
+    reader = _runner(folder)
+    reader.update_constant_buffer_from_blob(str(folder / WEIGHTS))
+    names = {fqn: name for name, fqn in reader.get_constant_names_to_original_fqns().items()}
+    yield {names[fqn]: weight for fqn, weight in reader.extract_constants_map(False).items()}
+    del reader
+
+
+@contextlib.contextmanager
+def _own_weights(folder: Path):
+    """The weights saved beside a library, mapped: only those read are paged in."""
+    yield torch.load(folder / OWN_WEIGHTS, mmap=True, weights_only=True)
 
 
 class DecodeLibrary:
-    """One library loaded, its weights taken from those the process holds already where it can
-    (shared_weights.py); called with the step's tensors, flat."""
+    """One library loaded on the tensors the process holds where it holds them (shared_weights.py);
+    called with the step's tensors, flat."""
 
     def __init__(self, folder: Path, shared: SharedWeights) -> None:
-        self.shapes = _read_record(folder)
-        library = str(folder / SHARED_OBJECT)
-        reader = torch._C._aoti.AOTIModelContainerRunnerCpu(library, 1)
-        reader.update_constant_buffer_from_blob(str(folder / WEIGHTS))
-        # AOTInductor copies the weights into one block from malloc, 16 bytes past a 64-byte boundary,
-        # so every weight it lays out at 64 bytes straddles cache lines: oneDNN's float32 products ran
-        # ~20 % slower there (SmolLM2, 64 rows: 186 against 158 ms a step, 9 rounds taking turns).
-        # The weights are read with one runner and the one kept is built on tensors of PyTorch's,
-        # aligned: the process's own or copies; the first runner's block goes with it (a runner keeps
-        # that block for as long as it lives).
-        names = {fqn: name for name, fqn in reader.get_constant_names_to_original_fqns().items()}
-        self.weights = {names[fqn]: shared.take(weight) for fqn, weight in reader.extract_constants_map(False).items()}
-        del reader
-        self._runner = torch._C._aoti.AOTIModelContainerRunnerCpu(library, 1)
+        record = _read_record(folder)
+        self.folder, self.shapes = folder, record.shapes
+        self.weights: dict[str, torch.Tensor] = {}
+        unread: dict[str, dict[str, str]] = {}  # file -> {weight's name: its key}
+        for name, weight in record.weights.items():
+            if weight.model is not None:
+                tensor = shared.named.get(weight.model)
+                if tensor is None or not weight.key.startswith(form_of(tensor) + " "):
+                    raise StoreDamaged(f"{folder}: the model holds no {weight.model} like {weight.key}")
+                self.weights[name] = tensor
+            elif (held := shared.taken(weight.key)) is not None:
+                self.weights[name] = held
+            else:
+                unread.setdefault(weight.file, {})[name] = weight.key
+        for file, keys in unread.items():
+            if file not in (OWN_WEIGHTS, WEIGHTS):
+                raise StoreDamaged(f"{folder}: no weights are kept in {file}")
+            with (_own_weights if file == OWN_WEIGHTS else _blob_weights)(folder) as stored:
+                self.weights.update({name: shared.take(key, stored[name]) for name, key in keys.items()})
+        self._runner = _runner(folder)
         self._runner.update_constant_buffer(self.weights, False, True, True)  # active, all of them, ours
 
     def __call__(self, inputs: list[torch.Tensor]) -> torch.Tensor:
@@ -172,7 +230,7 @@ def load_or_build(store: Path | None, program: ExportedProgram, weights_digest: 
     if store is None:
         with tempfile.TemporaryDirectory(prefix="drivetrain-graph-") as scratch:
             folder = Path(scratch) / "library"
-            _build(program, inductor_options, shapes, folder)
+            _build(program, inductor_options, shapes, folder, shared)
             return DecodeLibrary(folder, shared)
     folder = store / library_key(program, weights_digest, inductor_options)
     if folder.is_dir():
@@ -186,12 +244,13 @@ def load_or_build(store: Path | None, program: ExportedProgram, weights_digest: 
                         exc_info=not isinstance(exc, StoreDamaged))
             shutil.rmtree(folder, ignore_errors=True)
     store.mkdir(parents=True, exist_ok=True)
-    _build(program, inductor_options, shapes, folder)
+    _build(program, inductor_options, shapes, folder, shared)
     _prune(store)
     return DecodeLibrary(folder, shared)
 
 
-def _build(program: ExportedProgram, inductor_options: dict, shapes: Shapes, folder: Path) -> None:
+def _build(program: ExportedProgram, inductor_options: dict, shapes: Shapes, folder: Path,
+           shared: SharedWeights) -> None:
     """Compile the program into `folder`, which appears whole or not at all (two processes building
     the same library: the second one's rename finds the folder there and its copy is dropped)."""
     started = time.perf_counter()
@@ -210,8 +269,9 @@ def _build(program: ExportedProgram, inductor_options: dict, shapes: Shapes, fol
         missing = {SHARED_OBJECT, WEIGHTS} - {path.name for path in built.iterdir()}
         if missing:
             raise RuntimeError(f"AOTInductor's package holds no {', '.join(sorted(missing))}")
+        weights = _sort_weights(built, shared)
         files = {path.name: path.stat().st_size for path in built.iterdir()}
-        (built / RECORD).write_text(json.dumps({"shapes": asdict(shapes), "files": files}))
+        (built / RECORD).write_text(json.dumps({"shapes": asdict(shapes), "files": files, "weights": weights}))
         try:
             built.rename(folder)
         except OSError:
@@ -219,6 +279,24 @@ def _build(program: ExportedProgram, inductor_options: dict, shapes: Shapes, fol
                 raise
     os.utime(folder)  # the most recently used: kept when the store is pruned next
     log.info("CPU decode graph built in %.0f s into %s", time.perf_counter() - started, folder)
+
+
+def _sort_weights(built: Path, shared: SharedWeights) -> dict[str, dict[str, str]]:
+    """Each weight of a library just built, as its record keeps it (StoredWeight): the model's tensor
+    with its contents, or else the file of the folder that keeps it. Those of its own are saved by
+    PyTorch and AOTInductor's blob goes, unless one of them is oneDNN's opaque pack (bfloat16 where
+    oneDNN multiplies it), which PyTorch does not save: the blob stays for them."""
+    with _blob_weights(built) as stored:
+        keys = {name: contents_key(tensor) for name, tensor in stored.items()}
+        model_names = {name: shared.name_with(key) for name, key in keys.items()}
+        own = {name: tensor for name, tensor in stored.items() if model_names[name] is None}
+        file = WEIGHTS if any(tensor.is_mkldnn for tensor in own.values()) else OWN_WEIGHTS
+        if own and file == OWN_WEIGHTS:
+            torch.save(own, built / OWN_WEIGHTS)
+    if file == OWN_WEIGHTS:
+        (built / WEIGHTS).unlink()
+    return {name: {"key": key, **({"file": file} if name in own else {"model": model_names[name]})}
+            for name, key in keys.items()}
 
 
 def _prune(store: Path) -> None:

@@ -175,11 +175,16 @@ def step_inputs(input_ids: torch.Tensor, positions: torch.Tensor, group: DecodeG
     return tensors + [tensor for cache in kv_caches for tensor in cache]
 
 
+def named_tensors_of(model: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
+    """Every tensor a module tree holds, by name: parameters, buffers, and plain attributes (packed
+    weights)."""
+    attributes = ((f"{prefix}.{name}" if prefix else name, value) for prefix, module in model.named_modules()
+                  for name, value in vars(module).items() if isinstance(value, torch.Tensor))
+    return itertools.chain(model.named_parameters(), model.named_buffers(), attributes)
+
+
 def tensors_of(model: nn.Module) -> Iterable[torch.Tensor]:
-    """Every tensor a module tree holds: parameters, buffers, and plain attributes (packed weights)."""
-    return itertools.chain(model.parameters(), model.buffers(),
-                           (value for module in model.modules() for value in vars(module).values()
-                            if isinstance(value, torch.Tensor)))
+    return (tensor for _, tensor in named_tensors_of(model))
 
 
 def _sharing_weights(model: nn.Module) -> nn.Module:
@@ -333,7 +338,7 @@ class CpuDecodeGraphs:
     def _load_libraries(self, digest: str) -> None:
         """Every plan's graphs from the store, each exported and built first where it has none."""
         step = _ExportedStep(_sharing_weights(self.model))
-        shared = SharedWeights(tensors_of(self.model))
+        shared = SharedWeights(named_tensors_of(self.model))
         for plan in self.plans:
             libraries = []
             for batch in plan.warmup_batches:
