@@ -326,14 +326,21 @@ def refuse_to_digest(*args) -> None:
 def test_the_next_start_loads_the_graphs_it_built_whatever_the_pools_size(
         tiny: LlamaModel, tmp_path, monkeypatch, one_torch_thread) -> None:
     monkeypatch.setattr(cpu_graph_store, "default_store", lambda: tmp_path / "cpu-graphs")
+    traced_at = []
+    export = cpu_graphs.CpuDecodeGraphs._export
+    monkeypatch.setattr(cpu_graphs.CpuDecodeGraphs, "_export",
+                        lambda graphs, step, batch: traced_at.append(batch) or export(graphs, step, batch))
     first = float32_engine(tiny, num_kv_blocks=64)
     assert not first.runner.decode_graphs.failed
     assert len(list((tmp_path / "cpu-graphs").iterdir())) == 3  # one row, a few rows, more rows
+    assert sorted(traced_at) == [1, 2, 8]  # each built from a trace at its warm-up batch
     monkeypatch.setattr(cpu_graph_store, "_build", refuse_to_build)
     monkeypatch.setattr(cpu_graph_store, "contents_key", refuse_to_digest)
     monkeypatch.setattr(shared_weights, "contents_key", refuse_to_digest)
+    traced_at.clear()
     second = float32_engine(tiny, num_kv_blocks=96)
     assert not second.runner.decode_graphs.failed
+    assert sorted(traced_at) == [1, 2]  # a row and more rows: the keys of all three libraries
     for batch in ([list(range(7, 29))], [list(range(3 + i, 30 + i)) for i in range(FEW_ROWS.max_rows + 1)]):
         before = second.load().graph_steps
         assert run(second, batch, "again") == run(first, batch, "again")

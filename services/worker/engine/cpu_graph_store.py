@@ -31,6 +31,7 @@ import shutil
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -222,15 +223,19 @@ def shapes_of(program: ExportedProgram, rows: tuple[int, int], positions: tuple[
     return Shapes(rows=span(*rows), positions=span(*positions))
 
 
-def load_or_build(store: Path | None, program: ExportedProgram, weights_digest: str,
-                  inductor_options: dict, shapes: Shapes, shared: SharedWeights) -> DecodeLibrary:
+def load_or_build(store: Path | None, program: ExportedProgram, weights_digest: str, inductor_options: dict,
+                  shapes: Shapes, shared: SharedWeights,
+                  trace_to_build: Callable[[], ExportedProgram] | None = None) -> DecodeLibrary:
     """The stored library for this program, built first if there is none (or none that loads), holding
-    the weights `shared` holds already. With no store, built in a scratch folder and loaded from it,
-    kept nowhere."""
+    the weights `shared` holds already; built from `trace_to_build()` where given, the same graph traced
+    at other sizes. With no store, built in a scratch folder and loaded from it, kept nowhere."""
+    def build(folder: Path) -> None:
+        _build(trace_to_build() if trace_to_build else program, inductor_options, shapes, folder, shared)
+
     if store is None:
         with tempfile.TemporaryDirectory(prefix="drivetrain-graph-") as scratch:
             folder = Path(scratch) / "library"
-            _build(program, inductor_options, shapes, folder, shared)
+            build(folder)
             return DecodeLibrary(folder, shared)
     folder = store / library_key(program, weights_digest, inductor_options)
     if folder.is_dir():
@@ -244,7 +249,7 @@ def load_or_build(store: Path | None, program: ExportedProgram, weights_digest: 
                         exc_info=not isinstance(exc, StoreDamaged))
             shutil.rmtree(folder, ignore_errors=True)
     store.mkdir(parents=True, exist_ok=True)
-    _build(program, inductor_options, shapes, folder, shared)
+    build(folder)
     _prune(store)
     return DecodeLibrary(folder, shared)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
+import functools
 import gc
 import hashlib
 import itertools
@@ -32,6 +33,7 @@ import sys
 import threading
 import time
 import types
+import unittest.mock
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,6 +43,7 @@ import torch
 import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
 import torch.compiler.config as compiler_config
+import torch.fx.config as fx_config
 from torch import nn
 from torch.export import Dim, ExportedProgram
 
@@ -336,16 +339,25 @@ class CpuDecodeGraphs:
         log.info("CPU decode graphs ready after %.0f s", time.perf_counter() - started)
 
     def _load_libraries(self, digest: str) -> None:
-        """Every plan's graphs from the store, each exported and built first where it has none."""
+        """Every plan's graphs from the store, each built first where it has none. Finding their keys
+        takes a trace of the step for one row and one for more: traced at any number of rows from two
+        on, the step is the same graph (export refuses a size it cannot leave free), and only a build
+        traces it again at its plan's own warm-up batch, whose sizes inductor takes as hints. SmolLM2
+        float32's two-row and eight-row traces had the same key; a trace takes ~6 s on two cores."""
         step = _ExportedStep(_sharing_weights(self.model))
         shared = SharedWeights(named_tensors_of(self.model))
+        traced: dict[bool, tuple[int, ExportedProgram]] = {}  # one row or more: (batch traced at, program)
         for plan in self.plans:
             libraries = []
             for batch in plan.warmup_batches:
-                program = self._export(step, batch)
+                one_row = batch == 1
+                if one_row not in traced:
+                    traced[one_row] = batch, self._export(step, batch)
+                traced_at, program = traced[one_row]
+                trace_to_build = None if traced_at == batch else functools.partial(self._export, step, batch)
                 with compiling(plan, digest):
                     library = load_or_build(self.store, program, digest, plan.inductor_options,
-                                            self._shapes(program), shared)
+                                            self._shapes(program), shared, trace_to_build)
                 ids, positions, group, caches = self._warmup_args(batch)
                 library(step_inputs(ids, positions, group, caches))  # loads its pages before a step needs them
                 libraries.append(library)
@@ -360,7 +372,9 @@ class CpuDecodeGraphs:
                 per_row if self.attention_kernel else None, [(pool, pool)] * len(self.kv_caches))
         ids, positions, group, caches = self._warmup_args(batch)
         args = (ids, positions, group.slot_mapping, group.read_slots, group.visible, group.lengths, caches)
-        return torch.export.export(step, args, dynamic_shapes=dims)
+        # Each node's Python stack, kept for error messages, took ~1.4 s of a SmolLM2 trace's ~7.5.
+        with unittest.mock.patch.object(fx_config, "do_not_emit_stack_traces", True):
+            return torch.export.export(step, args, dynamic_shapes=dims)
 
     def _shapes(self, program: ExportedProgram) -> Shapes:
         """What the library takes: rows are the first input's, positions the read slots' (step_inputs)."""
