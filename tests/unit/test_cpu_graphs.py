@@ -398,15 +398,20 @@ def test_weights_packed_by_inductor_stay_in_aotinductors_blob_and_load_from_it(
         assert second.load().graph_steps >= before + GREEDY.max_tokens - 1
 
 
+@pytest.mark.parametrize("damage", ["cut short", "overwritten"])
 def test_a_stored_graph_that_does_not_load_is_built_again(
-        tiny: LlamaModel, tmp_path, monkeypatch, one_torch_thread) -> None:
+        tiny: LlamaModel, tmp_path, monkeypatch, one_torch_thread, damage: str) -> None:
     monkeypatch.setattr(cpu_graph_store, "default_store", lambda: tmp_path / "cpu-graphs")
     float32_engine(tiny, num_kv_blocks=64)
     # A library's own weights cut short, as by a copy of the cache interrupted: reading them mapped would
-    # read past their end (SIGBUS). (Not its shared object: this process has it mapped, and a file mapped
-    # is never rewritten in place; the store only ever renames whole folders into place.)
+    # read past their end (SIGBUS); or bytes of the same size that are not PyTorch's file. (Not its shared
+    # object: this process has it mapped, and a file mapped is never rewritten in place; the store only
+    # ever renames whole folders into place.)
     weights = next((tmp_path / "cpu-graphs").glob(f"*/{cpu_graph_store.OWN_WEIGHTS}"))
-    os.truncate(weights, weights.stat().st_size // 2)
+    if damage == "cut short":
+        os.truncate(weights, weights.stat().st_size // 2)
+    else:
+        weights.write_bytes(os.urandom(weights.stat().st_size))
     again = float32_engine(tiny, num_kv_blocks=64)
     eager = Engine(copy.deepcopy(tiny), EngineSettings(num_kv_blocks=64), 512, eos_token_ids=())
     assert not again.runner.decode_graphs.failed

@@ -95,6 +95,9 @@ class StoredWeight:
         if not isinstance(self.key, str) or len(places) != 1 or not isinstance(places[0], str):
             raise ValueError(f"a weight is its key and one place: {self}")
 
+    def as_record(self) -> dict[str, str]:
+        return {field: value for field, value in asdict(self).items() if value is not None}
+
 
 @dataclass(frozen=True)
 class Record:
@@ -274,7 +277,7 @@ def _build(program: ExportedProgram, inductor_options: dict, shapes: Shapes, fol
         missing = {SHARED_OBJECT, WEIGHTS} - {path.name for path in built.iterdir()}
         if missing:
             raise RuntimeError(f"AOTInductor's package holds no {', '.join(sorted(missing))}")
-        weights = _sort_weights(built, shared)
+        weights = {name: weight.as_record() for name, weight in _sort_weights(built, shared).items()}
         files = {path.name: path.stat().st_size for path in built.iterdir()}
         (built / RECORD).write_text(json.dumps({"shapes": asdict(shapes), "files": files, "weights": weights}))
         try:
@@ -286,9 +289,9 @@ def _build(program: ExportedProgram, inductor_options: dict, shapes: Shapes, fol
     log.info("CPU decode graph built in %.0f s into %s", time.perf_counter() - started, folder)
 
 
-def _sort_weights(built: Path, shared: SharedWeights) -> dict[str, dict[str, str]]:
-    """Each weight of a library just built, as its record keeps it (StoredWeight): the model's tensor
-    with its contents, or else the file of the folder that keeps it. Those of its own are saved by
+def _sort_weights(built: Path, shared: SharedWeights) -> dict[str, StoredWeight]:
+    """Each weight of a library just built: the model's tensor with its contents, or else the file of
+    the folder that keeps it. Those of its own are saved by
     PyTorch and AOTInductor's blob goes, unless one of them is oneDNN's opaque pack (bfloat16 where
     oneDNN multiplies it), which PyTorch does not save: the blob stays for them."""
     with _blob_weights(built) as stored:
@@ -300,7 +303,7 @@ def _sort_weights(built: Path, shared: SharedWeights) -> dict[str, dict[str, str
             torch.save(own, built / OWN_WEIGHTS)
     if file == OWN_WEIGHTS:
         (built / WEIGHTS).unlink()
-    return {name: {"key": key, **({"file": file} if name in own else {"model": model_names[name]})}
+    return {name: StoredWeight(key, file=file) if name in own else StoredWeight(key, model=model_names[name])
             for name, key in keys.items()}
 
 
