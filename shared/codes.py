@@ -67,3 +67,15 @@ _RETRYABLE = frozenset(
         ErrorCode.NO_WORKER,
     }
 )
+
+
+# What an error says names what was wrong and may quote the client's value, but never grows with
+# what was sent: a 100 kB model name or enum value comes back cut short, not whole.
+MAX_ERROR_MESSAGE_CHARS = 1_000
+
+
+def clipped(message: str) -> str:
+    """`message`, cut to MAX_ERROR_MESSAGE_CHARS (an ellipsis marking the cut) where it is longer."""
+    if len(message) <= MAX_ERROR_MESSAGE_CHARS:
+        return message
+    return message[: MAX_ERROR_MESSAGE_CHARS - 1] + "…"

@@ -31,7 +31,7 @@ from services.edge.structured_request import (
     request_grammar,
 )
 from shared import wire
-from shared.codes import ErrorCode, FinishReason
+from shared.codes import ErrorCode, FinishReason, clipped
 from shared.models.structured import InvalidGrammar
 
 # Absent sampling fields take OpenAI's documented defaults, which clients of this API
@@ -55,7 +55,7 @@ class ApiError(Exception):
     ) -> None:
         super().__init__(message)
         self.status = status
-        self.message = message
+        self.message = clipped(message)
         self.type = type_
         self.code = code
         self.param = param

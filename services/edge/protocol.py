@@ -7,6 +7,7 @@ a resume token), `resumed`, `token`, `done`, `error`. Parsing returns a typed fr
 
 from __future__ import annotations
 
+import reprlib
 from typing import Annotated, Literal
 
 import msgspec
@@ -20,10 +21,11 @@ from services.edge.structured_request import (
     wire_messages,
 )
 from shared import wire
-from shared.codes import ErrorCode, FinishReason
+from shared.codes import ErrorCode, FinishReason, clipped
 from shared.models.raw_prompt import PromptInput, RawPrompt
 
-ChatId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+MAX_CHAT_ID = 128
+ChatId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CHAT_ID)]
 
 
 # Client -> edge ---------------------------------------------------------------------------------
@@ -101,7 +103,7 @@ class ProtocolError(Exception):
     def __init__(self, code: ErrorCode, message: str, chat_id: str | None = None, retry_after_ms: int | None = None):
         super().__init__(message)
         self.code = code
-        self.message = message
+        self.message = clipped(message)
         self.chat_id = chat_id
         self.retry_after_ms = retry_after_ms
 
@@ -110,6 +112,13 @@ class ProtocolError(Exception):
 
 
 NESTED_TOO_DEEPLY = "JSON nested too deeply"
+
+
+def _echoed_id(value: object) -> str | None:
+    """The frame's id as its error frame carries it: only one a chat could have. An id the client
+    may not use correlates nothing, and echoing whatever was sent would mirror a frame's worth of
+    bytes back per frame."""
+    return value if isinstance(value, str) and 0 < len(value) <= MAX_CHAT_ID else None
 
 
 def parse_client_frame(text: str | bytes) -> ClientFrame:
@@ -122,11 +131,13 @@ def parse_client_frame(text: str | bytes) -> ClientFrame:
         raise ProtocolError(ErrorCode.INVALID_JSON, f"frame is not valid JSON: {NESTED_TOO_DEEPLY}") from exc
     if not isinstance(raw, dict):
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, "frame must be a JSON object")
-    chat_id = raw.get("id") if isinstance(raw.get("id"), str) else None
+    chat_id = _echoed_id(raw.get("id"))
     kind = raw.get("type")
     if kind not in FRAME_TYPES:
         known = ", ".join(FRAME_TYPES)
-        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown frame type {kind!r}; expected one of: {known}", chat_id)
+        # reprlib: the type sent, cut short, before the types to send (the message's point).
+        message = f"unknown frame type {reprlib.repr(kind)}; expected one of: {known}"
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, message, chat_id)
     try:
         return msgspec.convert(raw, FRAME_TYPES[kind], str_keys=True)  # JSON keys of logit_bias are token ids
     except msgspec.ValidationError as exc:

@@ -90,6 +90,12 @@ def test_bad_completion_requests_name_the_parameter(fields, code, param):
     assert (error.code, error.param) == (code, param), error.message
 
 
+def test_a_refusal_quotes_a_huge_value_cut_short():
+    """What was sent may be 100 kB; what is said of it stays a message's size."""
+    error = refusal(completions, prompt="x", model="m" * 100_000)
+    assert error.code == "model_not_found" and len(error.message) <= 1_000 and error.message.endswith("…")
+
+
 # /v1/completions: bodies and chunks -----------------------------------------------------------
 def test_completion_body_with_usage_and_echo():
     plain = completions(prompt="Say").renderer.body(" hi", DONE)

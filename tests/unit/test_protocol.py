@@ -53,7 +53,11 @@ def test_full_chat_and_cancel():
         (chat(top_p=0), "invalid_message", "c1"),
         (chat(top_p=1.5), "invalid_message", "c1"),
         (chat(colour="blue"), "invalid_message", "c1"),
-        ('{"type":"chat","id":"","messages":[{"role":"user","content":"x"}]}', "invalid_message", ""),
+        # An id no chat could have is not echoed: the error would mirror whatever was sent.
+        ('{"type":"chat","id":"","messages":[{"role":"user","content":"x"}]}', "invalid_message", None),
+        (chat(id="x" * 129), "invalid_message", None),
+        (chat(id="x" * 128, max_tokens=0), "invalid_message", "x" * 128),
+        ('{"type":"chat","id":7,"messages":[{"role":"user","content":"x"}]}', "invalid_message", None),
     ],
 )
 def test_bad_frames(text, code, chat_id):
@@ -61,6 +65,16 @@ def test_bad_frames(text, code, chat_id):
     assert error.code == code
     assert error.chat_id == chat_id
     assert error.message
+
+
+def test_an_error_frame_stays_small_whatever_the_frame_it_answers():
+    """A 100 kB id, type or role comes back as a bounded error, not as itself."""
+    huge = "y" * 100_000
+    huge_role = chat(messages=[{"role": huge, "content": "x"}])
+    for frame in (chat(id=huge), json.dumps({"type": huge, "id": "c1"}), huge_role):
+        error = error_of(frame)
+        assert len(encode_frame(error.frame())) < 1_200, error.message[:80]
+    assert error_of(json.dumps({"type": huge, "id": "c1"})).message.endswith("expected one of: chat, cancel, resume")
 
 
 def test_unknown_field_is_named():
