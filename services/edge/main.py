@@ -22,7 +22,7 @@ from shared.kafka_clients import DeadLetters, make_consumer, make_producer
 from shared.kafka_shutdown import stop_client
 from shared.metrics import GossipCollector
 from shared.models.prompt_length import prompt_limit, prompt_tokens
-from shared.redis_client import make_cluster
+from shared.redis_client import discover, make_cluster
 from shared.runtime import run_until_signalled, setup_logging
 from shared.seal import Seal
 from shared.status_server import QuietServer
@@ -38,6 +38,7 @@ async def serve_edge(settings: EdgeSettings, health: Health, stopping: asyncio.E
     producer = make_producer(settings.kafka, client_id=settings.edge_id)
     redis = make_cluster(settings.redis)
     await producer.start()
+    await discover(redis)
     fleet = FleetView()  # workers' load from gossip, for admission, once the edge has joined
     service = EdgeService(settings, producer, redis, limit, health=health, fleet_load=fleet, prompt_tokens=tokens)
     # Every edge reads every worker's KV-cache events: no group, from now on.

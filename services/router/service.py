@@ -43,7 +43,7 @@ from shared.membership.member import GONE
 from shared.metering.ledger import Ledger
 from shared.metrics import GossipCollector, watch_consumer_lag
 from shared.producer import Producer
-from shared.redis_client import make_cluster
+from shared.redis_client import discover, make_cluster
 from shared.routing_map import Route, RoutingMap
 from shared.seal import Seal
 from shared.status_server import status_endpoint
@@ -106,6 +106,7 @@ class RouterService:
         consumer = make_consumer(kafka, client_id=name, group_id=f"{self.topics.prefix}-routers")
         consumer.subscribe([self.topics.tokens], listener=_ServingOnAssignment(name, self.health))
         await self._producer.start()
+        await discover(redis)
         self._membership = await join_fleet(self.settings, name, "router", {}, {})
         self.registry.register(GossipCollector(self._membership))
         await consumer.start()

@@ -14,7 +14,7 @@ from shared.fleet_membership import is_alive, join_fleet, on_departure, publish_
 from shared.health import Health, Lifecycle
 from shared.metrics import GossipCollector
 from shared.partition_owners import REQUESTS_ADDRESS, format_partitions
-from shared.redis_client import make_cluster
+from shared.redis_client import discover, make_cluster
 from shared.routing_map import RoutingMap
 from shared.runtime import run_until_signalled, setup_logging
 
@@ -42,6 +42,7 @@ def gossiped_load(engine: GenerationEngine) -> dict[str, int | float]:
 
 async def serve_worker(settings: WorkerSettings, engine: GenerationEngine, health: Health, stopping: asyncio.Event) -> None:
     redis = make_cluster(settings.redis)
+    await discover(redis)
     membership = await join_fleet(settings, settings.name, "worker", {}, gossiped_load(engine))
     addresses: dict[str, str] = {}
 
