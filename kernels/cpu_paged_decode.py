@@ -40,7 +40,7 @@ def available() -> bool:
     try:
         from torch.utils import cpp_extension
 
-        _find_ninja()
+        find_ninja()
         cpp_extension.load(
             name=f"drivetrain_cpu_paged_decode_{capability.lower()}",
             sources=[str(SOURCE)],
@@ -64,7 +64,7 @@ def compile_flags(capability: str) -> list[str]:
             *ISA_FLAGS.get(capability, [])]
 
 
-def _find_ninja() -> None:
+def find_ninja() -> None:
     """cpp_extension runs `ninja` from PATH; a process started without its virtualenv's bin on PATH
     finds the one the `ninja` package installed there all the same."""
     if shutil.which("ninja") is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
+import threading
 
 import pytest
 import torch
@@ -21,10 +23,12 @@ from services.worker.engine.cpu_graphs import (
     MIN_BLOCKS,
     QUANTIZED,
     decode_group,
+    step_inputs,
     weights_digest,
 )
 from services.worker.engine.cpu_linear import use_cpu_linear_
 from services.worker.engine.engine import Engine
+from services.worker.engine.library_call import releases_gil
 from services.worker.engine.model import LlamaModel
 from services.worker.engine.model_runner import ModelRunner, StepInputs
 from services.worker.engine.quantize import quantize_
@@ -154,6 +158,36 @@ def test_without_the_kernel_the_graphs_attend_by_tensor_operations_with_the_eage
     batch = [list(range(10 + 7 * i, 40 + 5 * i)) for i in range(3)]
     assert run(compiled, batch, "ops") == run(eager, batch, "ops")
     assert compiled.load().graph_steps >= GREEDY.max_tokens - 1
+
+
+def test_a_graph_step_lets_the_gil_go(engines) -> None:
+    """A worker's event loop and gossip thread run while its engine thread is in a compiled step. With
+    no forced hand-over of the GIL, another thread gets it only where its holder lets it go: during the
+    first of many calls if a call lets it go, after the last if none does."""
+    _, compiled = engines
+    graphs = compiled.runner.decode_graphs
+    assert graphs.wait(timeout=600) and releases_gil()
+    ids, positions, group, caches = graphs._warmup_args(8)
+    inputs = step_inputs(ids, positions, group, caches)
+    read = group.read_slots.shape[1]
+    library = next(lib for lib in graphs.libraries[graphs.plan_for(8)] if lib.shapes.covers(8, read))
+    calls, begun = 50, []
+
+    def steps() -> None:
+        for call in range(calls):
+            begun.append(call)
+            library(inputs)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        stepping = threading.Thread(target=steps)
+        stepping.start()  # returns once this thread holds the GIL again
+        calls_begun = len(begun)
+        stepping.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert calls_begun < calls
 
 
 def test_contexts_far_apart_run_the_graph_padded_with_the_eager_tokens(engines) -> None:

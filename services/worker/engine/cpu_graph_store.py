@@ -39,6 +39,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.utils._sympy.numbers import int_oo
 
+from services.worker.engine.library_call import releasing_gil
 from services.worker.engine.shared_weights import SharedWeights, contents_key, form_of
 from shared.models.smollm2 import cache_root
 
@@ -172,9 +173,10 @@ class DecodeLibrary:
                 self.weights.update({name: shared.take(key, stored[name]) for name, key in keys.items()})
         self._runner = _runner(folder)
         self._runner.update_constant_buffer(self.weights, False, True, True)  # active, all of them, ours
+        self._run = releasing_gil(self._runner)
 
     def __call__(self, inputs: list[torch.Tensor]) -> torch.Tensor:
-        return self._runner.run(inputs)[0]
+        return self._run(inputs)[0]
 
 
 def cpu_identity() -> str:
