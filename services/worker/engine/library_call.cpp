@@ -10,6 +10,13 @@ std::vector<at::Tensor> run(torch::inductor::AOTIModelContainerRunnerCpu& runner
   return runner.run(inputs);
 }
 
+// Whether this extension takes the runner as PyTorch's binding made it: pybind11 refuses (TypeError) a
+// type registered by a module built with another compiler or pybind11 than this one.
+bool takes(torch::inductor::AOTIModelContainerRunnerCpu&) { return true; }
+
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("run", &run, "runner.run(inputs), the GIL let go meanwhile"); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("run", &run, "runner.run(inputs), the GIL let go meanwhile");
+  m.def("takes", &takes, "true, or TypeError where `run` could not take this runner");
+}

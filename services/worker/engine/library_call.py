@@ -48,9 +48,15 @@ def _extension() -> ModuleType | None:
 
 
 def releasing_gil(runner: Runner) -> Call:
-    """runner.run, letting the GIL go while the library runs where the extension builds."""
+    """runner.run, letting the GIL go while the library runs where the extension builds and takes it."""
     extension = _extension()
     if extension is None:
+        return runner.run
+    try:
+        extension.takes(runner)
+    except TypeError as exc:
+        log.warning("the GIL-free library call does not take PyTorch's runner (%s); a compiled decode step "
+                    "holds the GIL", exc)
         return runner.run
     return functools.partial(extension.run, runner)
 
