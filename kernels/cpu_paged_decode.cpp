@@ -145,6 +145,32 @@ void attend(const float* q, float* out, const kv_t* k_cache, const kv_t* v_cache
   }
 }
 
+// Each task's work is its sequence's length, plus a few rows' worth for what every task costs at any
+// length. Threads take contiguous runs of tasks of about equal work, not of equal count: halves by count
+// left one thread waiting out the other whenever a long context fell in its half.
+constexpr int64_t kTaskRows = 8;
+
+// Where the middle of each task's work lies along the run of all tasks, doubled (to stay whole), then the
+// whole run's work doubled; task t reads sequence t / tasks_per_sequence.
+inline std::vector<int64_t> task_midpoints(const int64_t* lengths, int64_t tasks, int64_t tasks_per_sequence) {
+  std::vector<int64_t> midpoints(tasks + 1);
+  int64_t before = 0;
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t work = lengths[t / tasks_per_sequence] + kTaskRows;
+    midpoints[t] = 2 * before + work;
+    before += work;
+  }
+  midpoints[tasks] = 2 * before;
+  return midpoints;
+}
+
+// The first task of share s of `shares`: a task belongs to the share its work's middle falls in, so
+// shares 0..shares take every task exactly once, in order.
+inline int64_t first_task_of(const std::vector<int64_t>& midpoints, int64_t s, int64_t shares) {
+  const int64_t bound = midpoints.back() * s / shares;
+  return std::lower_bound(midpoints.begin(), midpoints.end() - 1, bound) - midpoints.begin();
+}
+
 template <typename kv_t, int D>
 void attend_all(const at::Tensor& q, at::Tensor& out, const at::Tensor& k_cache, const at::Tensor& v_cache,
                 const at::Tensor& read_slots, const at::Tensor& lengths, float scale) {
@@ -161,8 +187,12 @@ void attend_all(const at::Tensor& q, at::Tensor& out, const at::Tensor& k_cache,
   // head each, so that a few sequences still keep every thread busy.
   const bool by_sequence = n >= 4 * at::get_num_threads();
   const int64_t tasks = by_sequence ? n : n * num_kv_heads;
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  const std::vector<int64_t> midpoints = task_midpoints(lp, tasks, by_sequence ? 1 : num_kv_heads);
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), tasks);
+  at::parallel_for(0, threads, 1, [&](int64_t first_share, int64_t last_share) {
     std::vector<float> scratch;
+    const int64_t begin = first_task_of(midpoints, first_share, threads);
+    const int64_t end = first_task_of(midpoints, last_share, threads);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = by_sequence ? t : t / num_kv_heads;
       const int64_t h0 = by_sequence ? 0 : t % num_kv_heads;

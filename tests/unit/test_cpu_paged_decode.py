@@ -65,12 +65,28 @@ def case(context_lens: list[int], head_dim: int, num_kv_heads: int, group: int, 
 
 @pytest.mark.parametrize("head_dim", cpu_paged_decode.HEAD_DIMS)
 @pytest.mark.parametrize(("num_kv_heads", "group"), [(1, 1), (3, 3), (2, 4), (2, 7)])
-@pytest.mark.parametrize("context_lens", [[1, 16, 17, 37], [5, 700] + [33] * 10])  # a head per task; sequences
+@pytest.mark.parametrize("context_lens", [[1, 16, 17, 37], [5, 700] + [33] * 10, [700]])  # heads; sequences; one
 def test_the_kernel_matches_the_reference(head_dim: int, num_kv_heads: int, group: int,
                                           context_lens: list[int]) -> None:
     q, k_cache, v_cache, tables, read_slots, lens = case(context_lens, head_dim, num_kv_heads, group, seed=head_dim)
     expected = paged_decode_attention_ref(q, k_cache, v_cache, tables.int(), lens.int(), 0.3)
     out = cpu_paged_decode.paged_decode_attention(q, k_cache, v_cache, read_slots, lens, 0.3)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+@pytest.mark.parametrize("context_lens", [[2000] + [40] * 15, [40] * 7 + [3000] + [40] * 8, [900, 1] + [60] * 3])
+def test_every_task_is_done_whatever_the_threads_and_skew(threads: int, context_lens: list[int]) -> None:
+    """Threads take runs of tasks by their work: with one context far longer than the rest, each of 1-4
+    threads' shares still covers its tasks once (a skipped task would leave its rows unwritten)."""
+    q, k_cache, v_cache, tables, read_slots, lens = case(context_lens, 64, 3, 3, seed=threads)
+    expected = paged_decode_attention_ref(q, k_cache, v_cache, tables.int(), lens.int(), 0.3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = cpu_paged_decode.paged_decode_attention(q, k_cache, v_cache, read_slots, lens, 0.3)
+    finally:
+        torch.set_num_threads(before)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
 
 
