@@ -2,11 +2,13 @@
 // its cached keys and values where they lie, one slot row at a time.
 //
 // Bound by memory: a step's sequences read every layer's cache once, far more than fits in any cache,
-// so the loops are shaped for the reads. Each task takes one sequence's KV heads (or a few), reads
-// each slot's row of them once, in order, and asks for the rows a few positions ahead (keys and
-// values both) while it multiplies the current one: the slots of a sequence lie in blocks scattered
-// through the cache, where the hardware's own prefetching loses the thread at every block's end.
-// Scores go to a scratch row per query head, then a softmax over each, then the values' weighted sum.
+// so the loops are shaped for the reads. Each task takes one sequence's KV heads (or one head, over a
+// part of its positions, when there are few sequences), reads each slot's row of them once, in order,
+// and asks for the rows a few positions ahead (keys and values both) while it multiplies the current
+// one: the slots of a sequence lie in blocks scattered through the cache, where the hardware's own
+// prefetching loses the thread at every block's end. Scores go to a scratch row per query head, then a
+// softmax over each, then the values' weighted sum; a head's parts are merged at the end. Threads take
+// runs of tasks of about equal work.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -81,10 +83,14 @@ inline void exponentiate(float* scores, int64_t heads, int64_t len, const float*
   }
 }
 
-// KV heads [h0, h1) of one sequence: q and out hold its Hq * D floats, slots its `len` flat slots.
+// KV heads [h0, h1) of one sequence over `len` of its positions, whose flat slots are `slots`: q holds the
+// sequence's Hq * D floats, out receives heads [h0, h1)'s D floats each. Where those are some of the
+// sequence's positions only, `part` receives each query head's largest score, then each one's sum of
+// exponentials, for merge_parts.
 template <typename kv_t, int D>
 void attend(const float* q, float* out, const kv_t* k_cache, const kv_t* v_cache, const int64_t* slots, int64_t len,
-            int64_t num_kv_heads, int64_t group, int64_t h0, int64_t h1, float scale, std::vector<float>& scratch) {
+            int64_t num_kv_heads, int64_t group, int64_t h0, int64_t h1, float scale, std::vector<float>& scratch,
+            float* part) {
   constexpr int W = Vec::size();
   static_assert(D % W == 0, "head_dim: whole vectors");
   constexpr int C = D / W;
@@ -119,6 +125,10 @@ void attend(const float* q, float* out, const kv_t* k_cache, const kv_t* v_cache
   }
 
   exponentiate(scores, heads, len, tops, inverse_sums);
+  if (part) {
+    std::copy(tops, tops + heads, part);
+    for (int64_t j = 0; j < heads; ++j) part[heads + j] = 1.f / inverse_sums[j];
+  }
 
   for (int64_t h = h0; h < h1; ++h) {
     for (int64_t g0 = 0; g0 < group; g0 += kHeadsAtOnce) {
@@ -139,28 +149,55 @@ void attend(const float* q, float* out, const kv_t* k_cache, const kv_t* v_cache
       for (int g = 0; g < tile; ++g) {
         const int64_t j = (h - h0) * group + g0 + g;
         Vec inverse(inverse_sums[j]);
-        for (int c = 0; c < C; ++c) (acc[g][c] * inverse).store(out + (h0 * group + j) * D + c * W);
+        for (int c = 0; c < C; ++c) (acc[g][c] * inverse).store(out + j * D + c * W);
       }
     }
   }
 }
 
-// Each task's work is its sequence's length, plus a few rows' worth for what every task costs at any
-// length. Threads take contiguous runs of tasks of about equal work, not of equal count: halves by count
-// left one thread waiting out the other whenever a long context fell in its half.
+// A task: KV heads [h0, h1) of one sequence, over positions [s0, s1) of it, part `part` of `parts` that
+// cut those heads' positions.
+struct Task {
+  int64_t sequence, h0, h1, s0, s1, part, parts;
+};
+
+constexpr int64_t kPartRows = 256;  // a head's positions are cut into parts of about this many, few sequences
+constexpr int64_t kMaxParts = 16;
+
+// Whole sequences when there are enough to share out (each slot's row read in one go); else one KV head
+// each, its positions cut into parts, so that a few sequences, or one long one, still keep every thread busy.
+inline std::vector<Task> plan_tasks(const int64_t* lengths, int64_t n, int64_t num_kv_heads, bool by_sequence) {
+  std::vector<Task> tasks;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = lengths[i];
+    if (by_sequence) {
+      tasks.push_back({i, 0, num_kv_heads, 0, len, 0, 1});
+      continue;
+    }
+    const int64_t parts = std::clamp<int64_t>(len / kPartRows, 1, kMaxParts);
+    for (int64_t h = 0; h < num_kv_heads; ++h)
+      for (int64_t p = 0; p < parts; ++p)
+        tasks.push_back({i, h, h + 1, len * p / parts, len * (p + 1) / parts, p, parts});
+  }
+  return tasks;
+}
+
+// Each task's work is its positions, plus a few rows' worth for what every task costs at any length.
+// Threads take contiguous runs of tasks of about equal work, not of equal count: halves by count left one
+// thread waiting out the other whenever a long context fell in its half.
 constexpr int64_t kTaskRows = 8;
 
 // Where the middle of each task's work lies along the run of all tasks, doubled (to stay whole), then the
-// whole run's work doubled; task t reads sequence t / tasks_per_sequence.
-inline std::vector<int64_t> task_midpoints(const int64_t* lengths, int64_t tasks, int64_t tasks_per_sequence) {
-  std::vector<int64_t> midpoints(tasks + 1);
+// whole run's work doubled.
+inline std::vector<int64_t> task_midpoints(const std::vector<Task>& tasks) {
+  std::vector<int64_t> midpoints(tasks.size() + 1);
   int64_t before = 0;
-  for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t work = lengths[t / tasks_per_sequence] + kTaskRows;
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    const int64_t work = tasks[t].s1 - tasks[t].s0 + kTaskRows;
     midpoints[t] = 2 * before + work;
     before += work;
   }
-  midpoints[tasks] = 2 * before;
+  midpoints.back() = 2 * before;
   return midpoints;
 }
 
@@ -169,6 +206,24 @@ inline std::vector<int64_t> task_midpoints(const int64_t* lengths, int64_t tasks
 inline int64_t first_task_of(const std::vector<int64_t>& midpoints, int64_t s, int64_t shares) {
   const int64_t bound = midpoints.back() * s / shares;
   return std::lower_bound(midpoints.begin(), midpoints.end() - 1, bound) - midpoints.begin();
+}
+
+// One query head's output from its parts' outputs: each part's output is its values' weighted sum over
+// its own sum of exponentials, so weigh each by that sum times e^(its top - the top of all parts). Part p's
+// top, sum and output each lie `stride` floats after part p - 1's.
+template <int D>
+void merge_parts(const float* tops, const float* sums, const float* outs, int64_t parts, int64_t stride,
+                 float* out) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < parts; ++p) top = std::max(top, tops[p * stride]);
+  float total = 0.f;
+  float merged[D] = {};
+  for (int64_t p = 0; p < parts; ++p) {
+    const float weight = sums[p * stride] * std::exp(tops[p * stride] - top);
+    total += weight;
+    for (int d = 0; d < D; ++d) merged[d] += weight * outs[p * stride + d];
+  }
+  for (int d = 0; d < D; ++d) out[d] = merged[d] / total;
 }
 
 template <typename kv_t, int D>
@@ -183,25 +238,35 @@ void attend_all(const at::Tensor& q, at::Tensor& out, const at::Tensor& k_cache,
   const kv_t* vp = v_cache.data_ptr<kv_t>();
   const int64_t* sp = read_slots.data_ptr<int64_t>();
   const int64_t* lp = lengths.data_ptr<int64_t>();
-  // Whole sequences when there are enough to share out (each slot's row read in one go); else one KV
-  // head each, so that a few sequences still keep every thread busy.
-  const bool by_sequence = n >= 4 * at::get_num_threads();
-  const int64_t tasks = by_sequence ? n : n * num_kv_heads;
-  const std::vector<int64_t> midpoints = task_midpoints(lp, tasks, by_sequence ? 1 : num_kv_heads);
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), tasks);
+  const std::vector<Task> tasks = plan_tasks(lp, n, num_kv_heads, n >= 4 * at::get_num_threads());
+  const std::vector<int64_t> midpoints = task_midpoints(tasks);
+  const int64_t num_tasks = static_cast<int64_t>(tasks.size());
+  // Where a head's positions were cut: per task (one KV head), per query head of it, its top and sum, then
+  // its output over its own positions.
+  const int64_t stats_floats = 2 * group, part_floats = group * (D + 2);
+  const bool cut = std::any_of(tasks.begin(), tasks.end(), [](const Task& t) { return t.parts > 1; });
+  std::vector<float> parts(cut ? num_tasks * part_floats : 0);
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), num_tasks);
   at::parallel_for(0, threads, 1, [&](int64_t first_share, int64_t last_share) {
     std::vector<float> scratch;
-    const int64_t begin = first_task_of(midpoints, first_share, threads);
     const int64_t end = first_task_of(midpoints, last_share, threads);
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t i = by_sequence ? t : t / num_kv_heads;
-      const int64_t h0 = by_sequence ? 0 : t % num_kv_heads;
-      const int64_t h1 = by_sequence ? num_kv_heads : h0 + 1;
-      const int64_t offset = i * num_q_heads * D;
-      attend<kv_t, D>(qp + offset, op + offset, kp, vp, sp + i * width, lp[i], num_kv_heads, group, h0, h1, scale,
-                      scratch);
+    for (int64_t t = first_task_of(midpoints, first_share, threads); t < end; ++t) {
+      const Task& task = tasks[t];
+      const int64_t offset = task.sequence * num_q_heads * D;
+      float* part = task.parts > 1 ? parts.data() + t * part_floats : nullptr;
+      float* dest = part ? part + stats_floats : op + offset + task.h0 * group * D;
+      attend<kv_t, D>(qp + offset, dest, kp, vp, sp + task.sequence * width + task.s0, task.s1 - task.s0,
+                      num_kv_heads, group, task.h0, task.h1, scale, scratch, part);
     }
   });
+  for (int64_t t = 0; t < num_tasks; ++t) {
+    const Task& task = tasks[t];
+    if (task.parts == 1 || task.part != 0) continue;
+    const float* block = parts.data() + t * part_floats;
+    for (int64_t g = 0; g < group; ++g)
+      merge_parts<D>(block + g, block + group + g, block + stats_floats + g * D, task.parts, part_floats,
+                     op + task.sequence * num_q_heads * D + (task.h0 * group + g) * D);
+  }
 }
 
 template <typename kv_t>

@@ -1,6 +1,7 @@
 """The C++ decode attention kernel (kernels/cpu_paged_decode.cpp) against the reference: every head
-size it is built for, query heads per KV head past the four it holds at once, one sequence per task
-and one KV head per task, bfloat16 and float16 caches, and the arguments it refuses; an eager engine decoding
+size it is built for, query heads per KV head past the four it holds at once, one sequence per task,
+one KV head per task and a head's positions in parts, tasks shared by 1-4 threads, bfloat16 and float16
+caches, and the arguments it refuses; an eager engine decoding
 through it gives the fused attention's tokens."""
 
 from __future__ import annotations
@@ -75,10 +76,13 @@ def test_the_kernel_matches_the_reference(head_dim: int, num_kv_heads: int, grou
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 4])
-@pytest.mark.parametrize("context_lens", [[2000] + [40] * 15, [40] * 7 + [3000] + [40] * 8, [900, 1] + [60] * 3])
+@pytest.mark.parametrize("context_lens", [[2000] + [40] * 15, [40] * 7 + [3000] + [40] * 8, [900, 1] + [60] * 3,
+                                          [2000], [256, 257, 511, 4100]])
 def test_every_task_is_done_whatever_the_threads_and_skew(threads: int, context_lens: list[int]) -> None:
-    """Threads take runs of tasks by their work: with one context far longer than the rest, each of 1-4
-    threads' shares still covers its tasks once (a skipped task would leave its rows unwritten)."""
+    """Threads take runs of tasks by their work, and few sequences' heads are cut into parts of their
+    positions, merged after: with one context far longer than the rest, or one alone, each of 1-4
+    threads' shares still covers its tasks once (a skipped task would leave its rows unwritten), and the
+    parts merge to the whole's softmax."""
     q, k_cache, v_cache, tables, read_slots, lens = case(context_lens, 64, 3, 3, seed=threads)
     expected = paged_decode_attention_ref(q, k_cache, v_cache, tables.int(), lens.int(), 0.3)
     before = torch.get_num_threads()
@@ -92,7 +96,7 @@ def test_every_task_is_done_whatever_the_threads_and_skew(threads: int, context_
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_half_width_cache_is_read_as_its_float32_values(dtype: torch.dtype) -> None:
-    q, k_cache, v_cache, tables, read_slots, lens = case([40, 90, 3], 64, 3, 3, seed=7, dtype=dtype)
+    q, k_cache, v_cache, tables, read_slots, lens = case([40, 900, 3], 64, 3, 3, seed=7, dtype=dtype)  # 900: parts
     expected = paged_decode_attention_ref(q, k_cache.float(), v_cache.float(), tables.int(), lens.int(), 0.125)
     out = cpu_paged_decode.paged_decode_attention(q, k_cache, v_cache, read_slots, lens, 0.125)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
