@@ -9,7 +9,6 @@ waiting out the other. Rounds interleaved, medians, the ratio paired per round.
 from __future__ import annotations
 
 import argparse
-import math
 import platform
 import statistics
 import time
@@ -17,30 +16,24 @@ from pathlib import Path
 
 import torch
 from bench_report import pyplot, write_and_report
+from engine_kernels import BLOCK_SIZE, Heads, random_caches, shuffled_tables
 
 from kernels import cpu_paged_decode
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BLOCK_SIZE = 16
-NUM_KV_HEADS, GROUP, HEAD_DIM = 3, 3, 64  # SmolLM2-135M
+HEADS = Heads(num_q_heads=9, num_kv_heads=3, head_dim=64, dtype=torch.float32, device=torch.device("cpu"))  # SmolLM2
 TARGET = 1.15  # skewed over even, the same positions: a thread waits out the other little
 
 
 def batch(context_lens: list[int], gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     """q, caches and read slots for these contexts, each sequence's blocks shuffled through the cache."""
-    needed = [math.ceil(n / BLOCK_SIZE) for n in context_lens]
-    num_blocks = sum(needed) + 1
-    shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-    k_cache, v_cache = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
-    ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
-    tables = torch.zeros((len(context_lens), max(needed)), dtype=torch.int64)
-    taken = 0
-    for row, count in enumerate(needed):
-        tables[row, :count] = torch.tensor(ids[taken:taken + count])
-        taken += count
+    lens = torch.tensor(context_lens)
+    num_blocks = int(((lens + BLOCK_SIZE - 1) // BLOCK_SIZE).sum()) + 1
+    k_cache, v_cache = random_caches(HEADS, num_blocks, gen)
+    tables = shuffled_tables(lens, num_blocks, gen).long()
     read_slots = (tables[:, :, None] * BLOCK_SIZE + torch.arange(BLOCK_SIZE)).flatten(1).contiguous()
-    q = torch.randn(len(context_lens), NUM_KV_HEADS * GROUP, HEAD_DIM, generator=gen)
-    return q, k_cache, v_cache, read_slots, torch.tensor(context_lens)
+    q = torch.randn(len(context_lens), HEADS.num_q_heads, HEADS.head_dim, generator=gen)
+    return q, k_cache, v_cache, read_slots, lens
 
 
 def median_ms(args: tuple[torch.Tensor, ...], calls: int) -> float:
@@ -112,7 +105,7 @@ def main() -> int:
     results = {
         "meta": {"threads": args.threads, "rounds": args.rounds, "calls": args.calls, "cpu": platform.processor(),
                  "capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
-                 "heads": {"kv": NUM_KV_HEADS, "group": GROUP, "head_dim": HEAD_DIM}},
+                 "heads": {"q": HEADS.num_q_heads, "kv": HEADS.num_kv_heads, "head_dim": HEADS.head_dim}},
         "cases": cases,
         "targets": {"skew.worst_skewed_over_even": {"value": worst, "target": f"<= {TARGET}", "met": worst <= TARGET}},
     }

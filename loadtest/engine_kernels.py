@@ -66,12 +66,12 @@ def median_ms(run: Callable[[], object], device: torch.device, graph: bool = Fal
     return float(triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median"))
 
 
-def _cache(heads: Heads, num_blocks: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def random_caches(heads: Heads, num_blocks: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     shape = (num_blocks, BLOCK_SIZE, heads.num_kv_heads, heads.head_dim)
     return tuple(torch.randn(shape, generator=gen, device=heads.device).to(heads.dtype) for _ in range(2))
 
 
-def _tables(context_lens: torch.Tensor, num_blocks: int, gen: torch.Generator) -> torch.Tensor:
+def shuffled_tables(context_lens: torch.Tensor, num_blocks: int, gen: torch.Generator) -> torch.Tensor:
     """Each sequence's blocks, disjoint and shuffled across the pool, as the block pool hands them out."""
     needed = (context_lens + BLOCK_SIZE - 1) // BLOCK_SIZE
     ids = torch.randperm(num_blocks, generator=gen, device=gen.device)
@@ -98,8 +98,8 @@ def decode_case(heads: Heads, batch: int, context: int, gen: torch.Generator, nu
     """num_splits: context partitions forced on the kernel; None, the default's choice."""
     lens = torch.randint(context // 2, context + 1, (batch,), generator=gen, device=heads.device, dtype=torch.int32)
     num_blocks = int(((lens + BLOCK_SIZE - 1) // BLOCK_SIZE).sum()) + 1
-    k_cache, v_cache = _cache(heads, num_blocks, gen)
-    tables = _tables(lens, num_blocks, gen)
+    k_cache, v_cache = random_caches(heads, num_blocks, gen)
+    tables = shuffled_tables(lens, num_blocks, gen)
     q = torch.randn(batch, heads.num_q_heads, heads.head_dim, generator=gen, device=heads.device).to(heads.dtype)
     scale = heads.head_dim**-0.5
     args = (q, k_cache, v_cache, tables, lens, scale)
@@ -112,8 +112,8 @@ def decode_case(heads: Heads, batch: int, context: int, gen: torch.Generator, nu
 def prefill_case(heads: Heads, num_seqs: int, prefix: int, chunk: int, gen: torch.Generator) -> dict:
     lens = torch.full((num_seqs,), prefix + chunk, dtype=torch.int32, device=heads.device)
     num_blocks = int(((lens + BLOCK_SIZE - 1) // BLOCK_SIZE).sum()) + 1
-    k_cache, v_cache = _cache(heads, num_blocks, gen)
-    tables = _tables(lens, num_blocks, gen)
+    k_cache, v_cache = random_caches(heads, num_blocks, gen)
+    tables = shuffled_tables(lens, num_blocks, gen)
     cu = torch.arange(num_seqs + 1, dtype=torch.int32, device=heads.device) * chunk
     q = torch.randn(num_seqs * chunk, heads.num_q_heads, heads.head_dim, generator=gen, device=heads.device)
     q = q.to(heads.dtype)
@@ -126,7 +126,7 @@ def prefill_case(heads: Heads, num_seqs: int, prefix: int, chunk: int, gen: torc
 
 def kv_write_case(heads: Heads, num_tokens: int, gen: torch.Generator) -> dict:
     num_blocks = num_tokens // BLOCK_SIZE + 2
-    k_cache, v_cache = _cache(heads, num_blocks, gen)
+    k_cache, v_cache = random_caches(heads, num_blocks, gen)
     fused = torch.randn(num_tokens, 2 * heads.num_kv_heads, heads.head_dim, generator=gen, device=heads.device)
     fused = fused.to(heads.dtype)  # k and v as views of one projection, as the model hands them over
     k, v = fused[:, : heads.num_kv_heads], fused[:, heads.num_kv_heads :]
