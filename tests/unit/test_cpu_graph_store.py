@@ -23,18 +23,28 @@ def test_a_library_covers_the_sizes_within_its_ranges_alone() -> None:
     assert int8_rows.covers(127, 64) and not int8_rows.covers(128, 64) and not int8_rows.covers(1, 64)
 
 
-def test_the_store_keeps_the_most_recently_used_folders_and_builds_in_progress(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(cpu_graph_store, "MAX_LIBRARIES", 3)
-    for age, name in enumerate("abcde"):
+def test_the_store_keeps_the_most_recently_used_folders_within_its_bytes_and_builds_in_progress(
+        tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(cpu_graph_store, "STORE_BYTES", 10_000)
+    for age, (name, size) in enumerate([("a", 3000), ("b", 3000), ("c", 3000), ("d", 3000), ("e", 10)]):
         folder = tmp_path / name
         folder.mkdir()
+        (folder / "graph.so").write_bytes(b"x" * size)
         os.utime(folder, (1_000_000 - age, 1_000_000 - age))  # a: used last
     (tmp_path / ".building-now").mkdir()  # another process's build in progress
     abandoned = tmp_path / ".building-long-ago"
     abandoned.mkdir()
     os.utime(abandoned, (1_000_000, 1_000_000))
-    cpu_graph_store._prune(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".building-now", "a", "b", "c"]
+    cpu_graph_store._prune(tmp_path, keep={tmp_path / "e"})  # e: this process's, though used first
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".building-now", "a", "b", "c", "e"]
+
+
+def test_many_small_libraries_stay_where_their_bytes_fit(tmp_path) -> None:
+    for name in range(12):  # four variants of three libraries each, as a benchmark of variants builds
+        (tmp_path / str(name)).mkdir()
+        (tmp_path / str(name) / "graph.so").write_bytes(b"x" * 1000)
+    cpu_graph_store._prune(tmp_path, keep=set())
+    assert len(list(tmp_path.iterdir())) == 12
 
 
 def recorded_folder(tmp_path, files: dict[str, bytes], weights: dict[str, dict] | None = None):

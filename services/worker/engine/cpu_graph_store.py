@@ -54,9 +54,10 @@ OWN_WEIGHTS = "weights.pt"  # the weights none of the model's tensors holds, whe
 PACKAGED = {".wrapper.so": SHARED_OBJECT, ".wrapper.json": OP_TABLE, ".wrapper_weights.blob": WEIGHTS}
 WEIGHTS_BESIDE = {"aot_inductor.package_constants_in_so": False,
                   "aot_inductor.package_constants_on_disk_format": "binary_blob"}
-MAX_LIBRARIES = 8  # folders kept, the most recently used; SmolLM2 float32 takes three, 1.1 GB in all
+STORE_BYTES = 8 << 30  # the most recently used folders kept while their files total this; SmolLM2 float32's three 0.55 GB
 ABANDONED_BUILD_S = 24 * 3600  # a build folder this old belongs to a process that died building
 COPY_CHUNK = 16 << 20
+_used_here: set[Path] = set()  # the folders this process built or loaded: a variant's libraries evict none of its own
 
 
 def default_store() -> Path:
@@ -247,6 +248,7 @@ def load_or_build(store: Path | None, program: ExportedProgram, weights_digest: 
         try:
             library = DecodeLibrary(folder, shared)
             os.utime(folder)  # recently used: pruned last
+            _used_here.add(folder)
             log.info("CPU decode graph loaded from %s", folder)
             return library
         except Exception as exc:  # damaged, or no longer loadable here
@@ -255,8 +257,10 @@ def load_or_build(store: Path | None, program: ExportedProgram, weights_digest: 
             shutil.rmtree(folder, ignore_errors=True)
     store.mkdir(parents=True, exist_ok=True)
     build(folder)
-    _prune(store)
-    return DecodeLibrary(folder, shared)
+    library = DecodeLibrary(folder, shared)
+    _used_here.add(folder)
+    _prune(store, keep=_used_here)
+    return library
 
 
 def _build(program: ExportedProgram, inductor_options: dict, shapes: Shapes, folder: Path,
@@ -309,10 +313,16 @@ def _sort_weights(built: Path, shared: SharedWeights) -> dict[str, StoredWeight]
             for name, key in keys.items()}
 
 
-def _prune(store: Path) -> None:
-    """Keep the MAX_LIBRARIES most recently used folders, and builds in progress unless abandoned."""
+def _prune(store: Path, keep: set[Path]) -> None:
+    """Keep the most recently used folders while their files total STORE_BYTES, those in `keep` whatever
+    they take, and builds in progress unless abandoned."""
     folders = sorted((p for p in store.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
-    libraries = [p for p in folders if not p.name.startswith(".")]
-    abandoned = [p for p in folders if p.name.startswith(".") and time.time() - p.stat().st_mtime > ABANDONED_BUILD_S]
-    for folder in libraries[MAX_LIBRARIES:] + abandoned:
-        shutil.rmtree(folder, ignore_errors=True)
+    held = 0
+    for folder in folders:
+        if folder.name.startswith("."):
+            if time.time() - folder.stat().st_mtime > ABANDONED_BUILD_S:
+                shutil.rmtree(folder, ignore_errors=True)
+            continue
+        held += sum(path.stat().st_size for path in folder.iterdir() if path.is_file())
+        if held > STORE_BYTES and folder not in keep:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -58,7 +58,7 @@ class EngineSettings(CacheSharing):
     cpu_compile: CpuCompile = "off"
     """CPU: decode steps through graphs compiled by inductor with the weights frozen in (fused small operations, inductor's own GEMM kernels): about 2.7x one stream's decode speed, for minutes of compiling at the first start of a model (then loaded from cpu_graph_store; w8a8 weights compile at every start). on: before the engine serves; background: steps run eagerly until it is done, slowly on a few cores"""
     cpu_graph_store: bool = True
-    """CPU: keep the compiled decode graphs between starts (AOTInductor libraries, with such weights as the model does not hold: SmolLM2 float32's three take 1.1 GB; the 8 most recently used, in $DRIVETRAIN_CACHE/cpu-graphs, else ~/.cache/drivetrain/cpu-graphs): the next start of the same model loads them in seconds; off: compiled at every start"""
+    """CPU: keep the compiled decode graphs between starts (AOTInductor libraries, with such weights as the model does not hold: SmolLM2 float32's three take 0.55-1.1 GB; the most recently used up to 8 GiB in all, every one a running worker uses kept, in $DRIVETRAIN_CACHE/cpu-graphs, else ~/.cache/drivetrain/cpu-graphs): the next start of the same model loads them in seconds; off: compiled at every start"""
     cpu_attention_kernel: bool = True
     """CPU: decode attention through a C++ kernel (kernels/cpu_paged_decode.cpp, built with the compiler torch.compile uses, seconds once per machine) that reads the KV cache where it lies, 2-2.6x as fast as the compiled tensor operations where many sequences decode; off, or where it cannot be built: those operations in compiled steps, PyTorch's fused attention over gathered copies in eager ones"""
     cpu_threads: int = Field(default=0, ge=0)
