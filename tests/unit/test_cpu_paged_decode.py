@@ -1,6 +1,6 @@
 """The C++ decode attention kernel (kernels/cpu_paged_decode.cpp) against the reference: every head
 size it is built for, query heads per KV head past the four it holds at once, one sequence per task,
-one KV head per task and a head's positions in parts, tasks shared by 1-4 threads, bfloat16 and float16
+a sequence's positions in parts, tasks shared by 1-4 threads, bfloat16 and float16
 caches, and the arguments it refuses; an eager engine decoding
 through it gives the fused attention's tokens."""
 
@@ -77,12 +77,12 @@ def test_the_kernel_matches_the_reference(head_dim: int, num_kv_heads: int, grou
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 4])
 @pytest.mark.parametrize("context_lens", [[2000] + [40] * 15, [40] * 7 + [3000] + [40] * 8, [900, 1] + [60] * 3,
-                                          [2000], [256, 257, 511, 4100]])
+                                          [2000], [1], [3], [128, 129, 255, 4096], [4100, 2]])
 def test_every_task_is_done_whatever_the_threads_and_skew(threads: int, context_lens: list[int]) -> None:
-    """Threads take runs of tasks by their work, and few sequences' heads are cut into parts of their
-    positions, merged after: with one context far longer than the rest, or one alone, each of 1-4
-    threads' shares still covers its tasks once (a skipped task would leave its rows unwritten), and the
-    parts merge to the whole's softmax."""
+    """Threads take runs of tasks by their work, and few sequences are cut into parts of their
+    positions, merged after: with one context far longer than the rest, or one alone (of a position, or
+    fewer than the threads), each of 1-4 threads' shares still covers its tasks once (a skipped task
+    would leave its rows unwritten, an empty part its NaN), and the parts merge to the whole's softmax."""
     q, k_cache, v_cache, tables, read_slots, lens = case(context_lens, 64, 3, 3, seed=threads)
     expected = paged_decode_attention_ref(q, k_cache, v_cache, tables.int(), lens.int(), 0.3)
     before = torch.get_num_threads()
