@@ -89,9 +89,8 @@ inline void exponentiate(float* scores, int64_t heads, int64_t len, const float*
 }
 
 // Every KV head of one sequence over `len` of its positions, whose flat slots are `slots`: q holds the
-// sequence's Hq * D floats, out receives as many. Where those are some of the
-// sequence's positions only, `part` receives each query head's largest score, then each one's sum of
-// exponentials, for merge_parts.
+// sequence's Hq * D floats, out receives as many. Where those are some of the sequence's positions only,
+// `part` receives each query head's largest score, then each one's sum of exponentials, for merge_parts.
 template <typename kv_t, int D>
 void attend(const float* q, float* out, const kv_t* k_cache, const kv_t* v_cache, const int64_t* slots, int64_t len,
             int64_t num_kv_heads, int64_t group, float scale, std::vector<float>& scratch, float* part) {
@@ -164,24 +163,28 @@ struct Task {
   int64_t sequence, s0, s1, part, parts;
 };
 
-// With few sequences, each one's positions are cut into parts of about this many, at most kMaxParts, and
-// into as many as a thread each where they would not share the threads out (a part holds a position at
-// least). A part takes every KV head, its rows read whole: cut by KV head as well (a thread reading a third
-// of each row; SmolLM2's heads, 30 layers' caches in turn, Zen 4), one context of 4,000 took 1.1-1.15x the
+// A sequence holding more than a quarter of a thread's share of all positions is cut into parts of about
+// kPartRows positions, at most kMaxParts, and into as many as a thread each where the sequences alone would
+// not share the threads out (a part holds a position at least): a few sequences, or one long one among
+// short ones, still keep every thread busy, where one long sequence whole left one thread working on it
+// while the other waited (8 sequences, one of 2,000 among 100s: 1.29x the time of 8 even ones, 30
+// layers' caches in turn). A part takes every KV head, its rows read whole: cut by KV head as well (a
+// thread reading a third of each row; SmolLM2's heads, Zen 4), one context of 4,000 took 1.1-1.15x the
 // time, 4 of 2,000 1.15-1.2x, one of 300 1.25x (paired medians of 11-15 rounds taking turns).
 constexpr int64_t kPartRows = 128;
 constexpr int64_t kMaxParts = 32;
 
-// Whole sequences when there are enough to share out; else each cut into parts, so that a few sequences,
-// or one long one, still keep every thread busy.
 inline std::vector<Task> plan_tasks(const int64_t* lengths, int64_t n, int64_t threads) {
-  std::vector<Task> tasks;
-  const bool by_sequence = n >= 4 * threads;
+  int64_t total = 0;
+  for (int64_t i = 0; i < n; ++i) total += lengths[i];
+  const int64_t longest_whole = total / (4 * threads);
   const int64_t fewest = (threads + n - 1) / n;
+  std::vector<Task> tasks;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t len = lengths[i];
-    const int64_t parts =
-        by_sequence ? 1 : std::clamp<int64_t>(len / kPartRows, std::min({fewest, len, kMaxParts}), kMaxParts);
+    const int64_t parts = len <= longest_whole
+                              ? 1
+                              : std::clamp<int64_t>(len / kPartRows, std::min({fewest, len, kMaxParts}), kMaxParts);
     for (int64_t p = 0; p < parts; ++p) tasks.push_back({i, len * p / parts, len * (p + 1) / parts, p, parts});
   }
   return tasks;
