@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_report import pyplot, write_and_report
+from bench_report import paired_bars, write_and_report
 from engine_kernels import BLOCK_SIZE, Heads, random_caches, shuffled_tables
 
 from kernels import cpu_paged_decode
@@ -66,22 +66,12 @@ def measure(skewed_lens: list[int], even_streams: int, rounds: int, calls: int) 
 
 
 def plot(results: dict, path: Path) -> Path | None:
-    plt = pyplot()
-    if plt is None:
-        return None
     cases = results["cases"]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    xs = range(len(cases))
-    ax.bar([x - 0.2 for x in xs], [c["even_ms"] for c in cases], 0.4, label="even contexts")
-    ax.bar([x + 0.2 for x in xs], [c["skewed_ms"] for c in cases], 0.4, label="one long context among short")
-    ax.set_xticks(list(xs), [c["skewed_contexts"].replace(", ", "\n") for c in cases], fontsize=8)
-    ax.set_ylabel("ms a call (median)")
-    ax.set_title(f"decode attention, the same positions skewed or even ({results['meta']['threads']} threads)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return paired_bars(path, [c["skewed_contexts"].replace(", ", "\n") for c in cases],
+                       {"even contexts": [c["even_ms"] for c in cases],
+                        "one long context among short": [c["skewed_ms"] for c in cases]},
+                       "ms a call (median)",
+                       f"decode attention, the same positions skewed or even ({results['meta']['threads']} threads)")
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 from bench_cpu_attention import batch
-from bench_report import pyplot, write_and_report
+from bench_report import paired_bars, write_and_report
 
 from kernels import cpu_paged_decode
 
@@ -68,22 +68,12 @@ def measure(streams: int, context: int, dtype: torch.dtype, rounds: int, repeats
 
 
 def plot(results: dict, path: Path) -> Path | None:
-    plt = pyplot()
-    if plt is None:
-        return None
     cases = results["cases"]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    xs = range(len(cases))
-    ax.bar([x - 0.2 for x in xs], [c["plain_read_gb_s"] for c in cases], 0.4, label="plain read of the caches")
-    ax.bar([x + 0.2 for x in xs], [c["kernel_gb_s"] for c in cases], 0.4, label="decode attention kernel")
-    ax.set_xticks(list(xs), [f"{c['streams']} x {c['context']}\n{c['cache_dtype']}" for c in cases], fontsize=8)
-    ax.set_ylabel("GB/s of keys and values")
-    ax.set_title(f"decode attention from memory, {LAYERS} layers in turn ({results['meta']['threads']} threads)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return paired_bars(path, [f"{c['streams']} x {c['context']}\n{c['cache_dtype']}" for c in cases],
+                       {"plain read of the caches": [c["plain_read_gb_s"] for c in cases],
+                        "decode attention kernel": [c["kernel_gb_s"] for c in cases]},
+                       "GB/s of keys and values",
+                       f"decode attention from memory, {LAYERS} layers in turn ({results['meta']['threads']} threads)")
 
 
 def main() -> int:

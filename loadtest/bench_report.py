@@ -29,6 +29,26 @@ def pyplot():
     return plt
 
 
+def paired_bars(path: Path, labels: list[str], pairs: dict[str, list[float]], ylabel: str, title: str) -> Path | None:
+    """Two bars for each label, one per series of `pairs` (its name, its values in the labels' order), into
+    path; None where matplotlib is not installed."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    xs = range(len(labels))
+    for offset, (name, values) in zip((-0.2, 0.2), pairs.items(), strict=True):
+        ax.bar([x + offset for x in xs], values, 0.4, label=name)
+    ax.set_xticks(list(xs), labels, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def print_and_write(results: dict, path: Path | None, plot: Callable[[dict, Path], None]) -> None:
     """The results printed; with a path, written there as JSON and plotted beside it."""
     print(json.dumps(results, indent=2))
