@@ -3,12 +3,12 @@
 //
 // Bound by memory: a step's sequences read every layer's cache once, far more than fits in any cache,
 // so the loops are shaped for the reads. Each task takes one sequence's KV heads (over a part of its
-// positions, when there are few sequences), reads each slot's row of them once, in order, and asks for
-// the rows a few positions ahead (keys and values both) while it multiplies the current one: the slots
-// of a sequence lie in blocks scattered through the cache, where the hardware's own prefetching loses the
-// thread at every block's end. Scores go to a scratch row per query head, then a softmax over each, then
-// the values' weighted sum; a sequence's parts are merged at the end. Threads take runs of tasks of about
-// equal work.
+// positions, where the sequence holds much of the step's work), reads each slot's row of them once, in
+// order, and asks for the rows a few positions ahead (keys and values both) while it multiplies the
+// current one: the slots of a sequence lie in blocks scattered through the cache, where the hardware's
+// own prefetching loses the thread at every block's end. Scores go to a scratch row per query head, then
+// a softmax over each, then the values' weighted sum; a sequence's parts are merged at the end. Threads
+// take runs of tasks of about equal work.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
