@@ -323,6 +323,14 @@ def _prune(store: Path, keep: set[Path]) -> None:
             if time.time() - folder.stat().st_mtime > ABANDONED_BUILD_S:
                 shutil.rmtree(folder, ignore_errors=True)
             continue
-        held += sum(path.stat().st_size for path in folder.iterdir() if path.is_file())
+        held += _bytes_in(folder)
         if held > STORE_BYTES and folder not in keep:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _bytes_in(folder: Path) -> int:
+    """What a library's files take; 0 where another process pruned it meanwhile."""
+    try:
+        return sum(path.stat().st_size for path in folder.iterdir() if path.is_file())
+    except OSError:
+        return 0
