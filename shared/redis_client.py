@@ -15,6 +15,11 @@ log = logging.getLogger(__name__)
 
 DISCOVER_WITHIN_S = 5.0  # a start waits no longer for a cluster that does not answer
 
+# What a call to the cluster raises while a node dies or fails over: redis-py's errors, the
+# socket's, and the RuntimeError uvloop raises for a write to a connection the server has just
+# closed, which redis-py passes on as it is (it once stopped a router's usage aggregate for good).
+REDIS_UNAVAILABLE = (RedisError, OSError, RuntimeError)
+
 
 def make_cluster(redis: RedisSettings) -> RedisCluster:
     """A client of the cluster `redis` names, logged in as its user when it has one."""

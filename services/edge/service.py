@@ -23,7 +23,6 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
 
 from services.edge.connection import Connection
 from services.edge.deadlines import Deadlines, overdue
@@ -61,6 +60,7 @@ from shared.metering.records import UsageContext
 from shared.models.prompt_length import PromptLimit, PromptTokens
 from shared.models.structured import InvalidGrammar
 from shared.producer import Producer
+from shared.redis_client import REDIS_UNAVAILABLE
 from shared.routing_map import Route, RoutingMap
 from shared.seal import Seal
 
@@ -261,7 +261,7 @@ class EdgeService:
                 self._spawn(self._cancel_late(request_id))
                 raise
             self.metrics.chats.labels(self.tier_of(conn.tenant)).inc()
-        except (RedisError, KafkaError, OSError) as exc:
+        except (*REDIS_UNAVAILABLE, KafkaError) as exc:
             log.warning("could not admit chat %s: %r", request_id, exc)
             conn.close_chat(request_id)
             self.placer.in_flight.finish(request_id)
@@ -290,7 +290,7 @@ class EdgeService:
             if not await self._routes.check_resume(frame.request_id, conn.tenant, frame.resume_token):
                 raise ProtocolError(ErrorCode.RESUME_REFUSED, REFUSED_RESUME, frame.id)
             epoch, previous = await self._routes.move(frame.request_id, self.settings.edge_id, conn.conn_id)
-        except (RedisError, OSError) as exc:
+        except REDIS_UNAVAILABLE as exc:
             raise ProtocolError(ErrorCode.UNAVAILABLE, "cannot resume now; retry", frame.id) from exc
         self._detached.pop(frame.request_id, None)
         await self.tenancy.adopt_stream(conn.tenant, frame.request_id)
@@ -432,7 +432,7 @@ class EdgeService:
     async def _forget_route(self, request_id: str) -> None:
         try:
             await self._routes.delete(request_id)
-        except (RedisError, OSError) as exc:
+        except REDIS_UNAVAILABLE as exc:
             log.debug("route of %s left to expire: %r", request_id, exc)  # it has a TTL
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:

@@ -8,8 +8,6 @@ import dataclasses
 import logging
 from functools import partial
 
-from redis.exceptions import RedisError
-
 from services.edge.openai_responses_schema import (
     decode_responses_request,
     input_messages,
@@ -19,6 +17,7 @@ from services.edge.openai_schema import RETRY_AFTER_S, ApiError, CompletionHeade
 from services.edge.openai_text_events import ParsedText
 from services.edge.protocol import ChatMessage, DoneFrame
 from services.edge.response_store import ResponseStore, StoredTurn
+from shared.redis_client import REDIS_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ class StoredResponses:
             return []
         try:
             turns = await self._store.load(tenant, previous_id)
-        except (RedisError, OSError) as exc:
+        except REDIS_UNAVAILABLE as exc:
             message = "The previous response could not be read now; retry"
             raise ApiError(503, message, "server_error", "unavailable", retry_after=RETRY_AFTER_S) from exc
         if turns is None:
@@ -60,5 +59,5 @@ class StoredResponses:
     async def _save(self, tenant: str, response_id: str, turns: list[StoredTurn], text: str, done: DoneFrame) -> None:
         try:
             await self._store.save(tenant, response_id, [*turns, StoredTurn("assistant", text)])
-        except (RedisError, OSError) as exc:  # the answer still goes out; only its continuation is lost
+        except REDIS_UNAVAILABLE as exc:  # the answer still goes out; only its continuation is lost
             log.warning("response %s was not stored: %r", response_id, exc)

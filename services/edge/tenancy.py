@@ -12,7 +12,6 @@ import logging
 from typing import Protocol
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
 
 from services.edge.admission import admit, tier_limits
 from services.edge.handshake import Refusal
@@ -23,6 +22,7 @@ from services.edge.tenant_directory import TenantDirectory
 from services.edge.tenant_leases import Leases
 from services.edge.tenants import Limits
 from shared.codes import ErrorCode
+from shared.redis_client import REDIS_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class TenantGate:
                 cap = limits.concurrent_streams
                 raise ProtocolError(ErrorCode.TOO_MANY_STREAMS, f"this tenant may have {cap} streams at once", chat_id)
             wait_ms = await self.rates.take(tenant, limits, prompt_tokens + max_tokens)
-        except (RedisError, OSError) as exc:
+        except REDIS_UNAVAILABLE as exc:
             await self.streams.release(request_id)
             log.warning("could not check the limits of tenant %s: %r", tenant, exc)
             raise ProtocolError(
@@ -108,7 +108,7 @@ class TenantGate:
         if self.limits(tenant).concurrent_streams:
             try:
                 await self.streams.adopt(tenant, request_id)
-            except (RedisError, OSError) as exc:
+            except REDIS_UNAVAILABLE as exc:
                 log.debug("stream %s not adopted: %r", request_id, exc)
 
     async def admit_socket(self, tenant: str, conn_id: str) -> Refusal | None:
@@ -117,7 +117,7 @@ class TenantGate:
         try:
             if await self.connections.acquire(tenant, conn_id, cap):
                 return None
-        except (RedisError, OSError) as exc:
+        except REDIS_UNAVAILABLE as exc:
             log.warning("could not count the connections of tenant %s: %r", tenant, exc)
             return Refusal(503, ErrorCode.UNAVAILABLE, "cannot open a socket now; retry", {"Retry-After": "1"})
         reason = f"this tenant may hold {cap} connections at once"

@@ -15,7 +15,8 @@ import logging
 from collections import defaultdict
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
+
+from shared.redis_client import REDIS_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class Leases:
             return
         try:
             await self._redis.zrem(slots_key(self.kind, tenant), member)
-        except (RedisError, OSError) as exc:
+        except REDIS_UNAVAILABLE as exc:
             log.debug("%s slot %s left to expire: %r", self.kind, member, exc)
 
     async def count(self, tenant: str) -> int:

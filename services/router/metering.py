@@ -10,10 +10,10 @@ fleet member, the wrong schema, impossible counts) is dead-lettered and committe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from redis.exceptions import RedisError
 
 from services.router.metrics import RouterMetrics
 from shared import wire
@@ -21,6 +21,7 @@ from shared.kafka_clients import DeadLetters, make_consumer
 from shared.kafka_shutdown import commit_bounded, stop_client
 from shared.metering.ledger import Ledger, first_of_each
 from shared.metering.records import record_problem
+from shared.redis_client import REDIS_UNAVAILABLE
 from shared.seal import Seal
 from shared.service_settings import KafkaSettings
 from shared.topics import TopicLayout
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 POLL_TIMEOUT_MS = 200
 REDIS_RETRY_S = 0.5  # while the Redis Cluster fails over, counting fails: hold the batch and retry
 CONCURRENCY = 32  # counting calls in flight at once, well under a node's connection pool
+RESTART_S = 1.0  # after a failure no handler foresaw: a pause, not a busy loop
 
 
 class UsageAggregator:
@@ -44,6 +46,19 @@ class UsageAggregator:
         self._metrics = metrics
 
     async def run(self, stopping: asyncio.Event) -> None:
+        """Count until `stopping` is set. A failure no handler foresaw is logged, and counting
+        starts again from the last commit (the ledger counts each request once): billing must
+        not stop for good behind a router that goes on serving tokens."""
+        while not stopping.is_set():
+            try:
+                await self._count_polls(stopping)
+            except Exception:
+                self._metrics.usage_restarts.inc()
+                log.exception("the usage aggregate failed; it starts again from its last commit in %.0f s", RESTART_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), RESTART_S)
+
+    async def _count_polls(self, stopping: asyncio.Event) -> None:
         """Count until `stopping` is set, committing each poll once Redis has it."""
         consumer = make_consumer(self._kafka, self._topics.usage, client_id=f"{self._name}-usage", group_id=self._group)
         await consumer.start()
@@ -79,7 +94,7 @@ class UsageAggregator:
             try:
                 added = await self._ledger.count(usage)
                 break
-            except (RedisError, OSError) as exc:
+            except REDIS_UNAVAILABLE as exc:
                 log.warning("usage counters unavailable (%s); retrying", exc)
                 await asyncio.sleep(REDIS_RETRY_S)
         if not added:

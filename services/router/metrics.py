@@ -19,6 +19,9 @@ class RouterMetrics:
         self.usage_records = Counter(
             "drivetrain_router_usage_records_total", "Usage records read, by outcome: counted, duplicate, dead_letter", ["outcome"], registry=registry
         )
+        self.usage_restarts = Counter(
+            "drivetrain_router_usage_restarts_total", "Times the usage aggregate failed unforeseen and started again from its last commit", registry=registry
+        )
         self.usage_tokens = Counter(
             "drivetrain_router_usage_tokens_total", "Tokens counted into tenants' usage, by kind: prompt (computed), cached, completion",
             ["kind"], registry=registry,

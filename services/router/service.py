@@ -23,7 +23,6 @@ from aiokafka import (
 )
 from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
-from redis.exceptions import RedisError
 
 from services.router.edge_links import EdgeLink, EdgeUnreachable, forward_frames
 from services.router.metering import UsageAggregator
@@ -43,7 +42,7 @@ from shared.membership.member import GONE
 from shared.metering.ledger import Ledger
 from shared.metrics import GossipCollector, watch_consumer_lag
 from shared.producer import Producer
-from shared.redis_client import discover, make_cluster
+from shared.redis_client import REDIS_UNAVAILABLE, discover, make_cluster
 from shared.routing_map import Route, RoutingMap
 from shared.seal import Seal
 from shared.status_server import status_endpoint
@@ -117,7 +116,6 @@ class RouterService:
             kafka, self.topics, usage_meter_group(self.topics), name, self._seal, Ledger(redis), self._dead_letters, self.metrics
         )
         metering = asyncio.create_task(usage.run(stopping))
-        metering.add_done_callback(_report_failure)
         metrics = self.settings.metrics
         try:
             async with status_endpoint(self.registry, self.health, metrics.host, metrics.port):
@@ -229,7 +227,7 @@ class RouterService:
         while True:
             try:
                 return await call()
-            except (RedisError, OSError) as exc:
+            except REDIS_UNAVAILABLE as exc:
                 log.warning("routing map unavailable (%s); retrying", exc)
                 await asyncio.sleep(ROUTE_RETRY_S)
 
@@ -265,7 +263,3 @@ class RouterService:
         self.metrics.dead_letters.inc()
         await self._dead_letters.park(record, reason)
 
-
-def _report_failure(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("the usage aggregate stopped: %r", task.exception(), exc_info=task.exception())

@@ -14,11 +14,9 @@ import json
 import re
 import sys
 
-from redis.exceptions import RedisError
-
 from shared.metering.ledger import Ledger
 from shared.metering.pricing import BillingSettings, Tokens
-from shared.redis_client import make_cluster
+from shared.redis_client import REDIS_UNAVAILABLE, make_cluster
 from shared.service_settings import ServiceSettings
 from shared.settings import add_arguments
 
@@ -105,7 +103,7 @@ def run(args: argparse.Namespace, settings: UsageSettings) -> int:
         return 2
     try:
         totals = asyncio.run(_totals(settings, args.tenant, since, now))
-    except (RedisError, OSError) as exc:
+    except REDIS_UNAVAILABLE as exc:
         print(f"drivetrain usage: cannot read the usage counters: {exc}", file=sys.stderr)
         return 1
     print(render(report_rows(totals, settings.billing), settings.billing, since, args.json))

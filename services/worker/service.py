@@ -26,7 +26,6 @@ from aiokafka import (
 from aiokafka.errors import KafkaError
 from cachetools import TTLCache
 from prometheus_client import CollectorRegistry
-from redis.exceptions import RedisError
 
 from services.worker.convert import engine_request
 from services.worker.decode_role import DecodeRole
@@ -61,6 +60,7 @@ from shared.metering.publisher import UsagePublisher
 from shared.metering.records import UsageContext
 from shared.metrics import watch_consumer_lag
 from shared.producer import Producer
+from shared.redis_client import REDIS_UNAVAILABLE
 from shared.routing_map import RoutingMap
 from shared.seal import Seal
 from shared.status_server import status_endpoint
@@ -335,7 +335,7 @@ class WorkerService:
             return {}
         try:
             return await self._routes.owners(request_ids)
-        except (RedisError, OSError) as exc:
+        except REDIS_UNAVAILABLE as exc:
             log.warning("cannot read the claims of %d requests (%s); running them", len(request_ids), exc)
             return {}
 
