@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import cpu_elementwise
 from kernels.checks import FLOAT_DTYPES, check_triton_device
 
 
@@ -92,7 +93,11 @@ def add_rms_norm_triton(
 def add_rms_norm(
     x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + delta, RMSNorm of it): the Triton kernel on a GPU, the reference elsewhere."""
+    """(x + delta, RMSNorm of it): the Triton kernel on a GPU, the C++ one in an eager float32 CPU
+    step (cpu_elementwise.py), the reference elsewhere."""
     if x.is_cuda and weight.dtype == x.dtype:
         return add_rms_norm_triton(x, delta, weight, eps)
+    _check_inputs(x, delta, weight)
+    if cpu_elementwise.serves(x, weight, *([] if delta is None else [delta])):
+        return torch.ops.drivetrain.cpu_add_rms_norm(x, delta, weight, eps)
     return add_rms_norm_ref(x, delta, weight, eps)

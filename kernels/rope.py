@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import cpu_elementwise
 from kernels.checks import FLOAT_DTYPES, check_last_dim_contiguous, check_triton_device
 
 
@@ -77,7 +78,11 @@ def apply_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each head of x by its token's angles: the Triton kernel on a GPU, the reference elsewhere."""
+    """Rotate each head of x by its token's angles: the Triton kernel on a GPU, the C++ one in an
+    eager float32 CPU step (cpu_elementwise.py), the reference elsewhere."""
     if x.is_cuda:
         return apply_rope_triton(x, cos, sin)
+    _check_inputs(x, cos, sin)
+    if cpu_elementwise.serves(x, cos, sin) and x.stride(1) == x.shape[2]:  # each token's heads one run
+        return torch.ops.drivetrain.cpu_rope(x, cos, sin)
     return apply_rope_ref(x, cos, sin)

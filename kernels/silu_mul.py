@@ -5,6 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import cpu_elementwise
 from kernels.checks import FLOAT_DTYPES, check_last_dim_contiguous, check_triton_device
 
 BLOCK = 1024
@@ -57,7 +58,11 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up: the Triton kernel on a GPU, the reference elsewhere."""
+    """silu(gate) * up: the Triton kernel on a GPU, the C++ one in an eager float32 CPU step
+    (cpu_elementwise.py), the reference elsewhere."""
     if gate_up.is_cuda:
         return silu_mul_triton(gate_up)
+    _check_inputs(gate_up)
+    if cpu_elementwise.serves(gate_up):
+        return torch.ops.drivetrain.cpu_silu_mul(gate_up)
     return silu_mul_ref(gate_up)

@@ -35,7 +35,7 @@ def _extension() -> ModuleType | None:
     try:
         from torch.utils import cpp_extension
 
-        from kernels.cpu_paged_decode import find_ninja
+        from kernels.cpu_extension import find_ninja
 
         find_ninja()
         return cpp_extension.load(name="drivetrain_library_call", sources=[str(SOURCE)], extra_cflags=["-O2"])

@@ -19,7 +19,7 @@ import numpy as np
 import psutil
 import torch
 
-from kernels import cpu_paged_decode
+from kernels import cpu_elementwise, cpu_paged_decode
 from services.worker.engine.attention import AttentionMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
 from services.worker.engine.cpu_graphs import CpuDecodeGraphs
@@ -219,6 +219,8 @@ class ModelRunner:
         # Decided (and the kernel built) before any step runs or graph is traced: both call whichever it is.
         self.cpu_attention_kernel = (self.device.type == "cpu" and config.cpu_attention_kernel
                                      and cpu_paged_decode.supports(model.config.head_dim, self.kv_dtype))
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            cpu_elementwise.available()  # built now, not in the first request's prompt step
         self.graphs: CudaGraphRunner | None = None
         if config.cuda_graphs and self.device.type == "cuda":
             max_blocks = cdiv(config.max_model_len, self.block_size)
