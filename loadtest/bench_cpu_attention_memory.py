@@ -12,12 +12,11 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 from bench_cpu_attention import batch
-from bench_report import paired_bars, write_and_report
+from bench_report import median_seconds, paired_bars, write_and_report
 
 from kernels import cpu_paged_decode
 
@@ -25,16 +24,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 LAYERS = 30  # SmolLM2's
 CASES = [(64, 112), (64, 400), (8, 500), (1, 4000)]  # streams, context each
 TARGET = 0.6  # of a plain read's rate: what is left is the arithmetic and the blocks' scattering
-
-
-def seconds(call, repeats: int) -> float:
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def measure(streams: int, context: int, dtype: torch.dtype, rounds: int, repeats: int) -> dict:
@@ -57,9 +46,9 @@ def measure(streams: int, context: int, dtype: torch.dtype, rounds: int, repeats
     for r in range(rounds):
         for name in (("kernel", "plain") if r % 2 == 0 else ("plain", "kernel")):
             if name == "kernel":
-                kernel_gbs.append(read_bytes / seconds(attend, repeats) / 1e9)
+                kernel_gbs.append(read_bytes / median_seconds(attend, repeats) / 1e9)
             else:
-                plain_gbs.append(cache_bytes / seconds(plain_read, repeats) / 1e9)
+                plain_gbs.append(cache_bytes / median_seconds(plain_read, repeats) / 1e9)
     ratios = [k / p for k, p in zip(kernel_gbs, plain_gbs)]
     return {"streams": streams, "context": context, "cache_dtype": str(dtype).removeprefix("torch."),
             "kernel_ms": 1000 * read_bytes / 1e9 / statistics.median(kernel_gbs),

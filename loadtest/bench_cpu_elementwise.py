@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import time
 import unittest.mock
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import torch
-from bench_report import paired_bars, write_and_report
+from bench_report import median_seconds, paired_bars, write_and_report
 from peers_drivetrain import DrivetrainPeer, kv_blocks_for
 from peers_workloads import prompts_for, workloads
 
@@ -39,28 +38,18 @@ LAYER_ROWS = [1, 64, 512, 2000]
 PROMPTS = ["concurrent_64", "ttft_2k"]  # the peer benchmark's 64 chats, and its long prompt
 
 
-def seconds(call: Callable[[], object], repeats: int) -> float:
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def paired(call: Callable[[], object], rounds: int, repeats: int) -> dict:
     """`call` with the kernels and with the references, taking turns."""
     timed: dict[str, list[float]] = {"kernels": [], "references": []}
     for r in range(rounds):
         for name in (("kernels", "references") if r % 2 == 0 else ("references", "kernels")):
             if name == "kernels":
-                timed[name].append(seconds(call, repeats))
+                timed[name].append(median_seconds(call, repeats))
             else:
                 # A plain function: a mock would keep every call's tensors, and the references' time
                 # would be the allocator's, mapping fresh memory for each (it doubled it).
                 with unittest.mock.patch.object(cpu_elementwise, "serves", new=lambda *tensors: False):
-                    timed[name].append(seconds(call, repeats))
+                    timed[name].append(median_seconds(call, repeats))
     ratios = [k / r for k, r in zip(timed["kernels"], timed["references"], strict=True)]
     return {"kernels_ms": 1000 * statistics.median(timed["kernels"]),
             "references_ms": 1000 * statistics.median(timed["references"]),

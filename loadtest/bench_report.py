@@ -1,10 +1,24 @@
-"""What every benchmark ends with: the JSON and its plot written, and the targets' verdicts printed."""
+"""What every benchmark ends with: the JSON and its plot written, and the targets' verdicts printed;
+and the timing the micro-benchmarks share."""
 
 from __future__ import annotations
 
 import json
+import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
+
+
+def median_seconds(call: Callable[[], object], repeats: int) -> float:
+    """The median of `repeats` timed calls, after one untimed."""
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def write_and_report(results: dict, path: Path, plot: Callable[[dict, Path], Path | None]) -> None:
