@@ -31,7 +31,10 @@ log = logging.getLogger(__name__)
 POLL_TIMEOUT_MS = 200
 REDIS_RETRY_S = 0.5  # while the Redis Cluster fails over, counting fails: hold the batch and retry
 CONCURRENCY = 32  # counting calls in flight at once, well under a node's connection pool
-RESTART_S = 1.0  # after a failure no handler foresaw: a pause, not a busy loop
+# After a failure no handler foresaw, a pause before starting again: doubled while it fails before
+# its first poll (the broker gone, say), so an outage is not a traceback a second.
+RESTART_S = 1.0
+RESTART_MAX_S = 30.0
 
 
 class UsageAggregator:
@@ -44,19 +47,23 @@ class UsageAggregator:
         self._ledger = ledger
         self._dead_letters = dead_letters
         self._metrics = metrics
+        self._polled = False  # since the last start: a failure after a poll waits the shortest pause
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Count until `stopping` is set. A failure no handler foresaw is logged, and counting
         starts again from the last commit (the ledger counts each request once): billing must
         not stop for good behind a router that goes on serving tokens."""
+        pause = RESTART_S
         while not stopping.is_set():
+            self._polled = False
             try:
                 await self._count_polls(stopping)
             except Exception:
                 self._metrics.usage_restarts.inc()
-                log.exception("the usage aggregate failed; it starts again from its last commit in %.0f s", RESTART_S)
+                pause = RESTART_S if self._polled else min(2 * pause, RESTART_MAX_S)
+                log.exception("the usage aggregate failed; it starts again from its last commit in %.0f s", pause)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), RESTART_S)
+                    await asyncio.wait_for(stopping.wait(), pause)
 
     async def _count_polls(self, stopping: asyncio.Event) -> None:
         """Count until `stopping` is set, committing each poll once Redis has it."""
@@ -65,6 +72,7 @@ class UsageAggregator:
         try:
             while not stopping.is_set():
                 batches = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
+                self._polled = True
                 if batches:
                     await self.take([record for part in batches.values() for record in part])
                     await self._commit(consumer, {tp: part[-1].offset + 1 for tp, part in batches.items()})
