@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from services.router import metering
+from services.router.metrics import RouterMetrics
 from services.router.usage_command import parse_since, report_rows
 from services.worker.engine.settings import EngineSettings
 from services.worker.engine.vtc import VTCCosts
@@ -15,6 +19,8 @@ from shared.metering import ledger
 from shared.metering.pricing import BillingSettings, CachedPricing, Tokens
 from shared.metering.records import UsageContext, record_problem, usage_record
 from shared.seal import Seal
+from shared.service_settings import KafkaSettings
+from shared.topics import TopicLayout
 
 CONTEXT = UsageContext("acme", "pro", prompt_tokens=12, created_at=100.0)
 T0 = dt.datetime(2026, 3, 1, 10, 30, tzinfo=dt.UTC).timestamp()
@@ -162,3 +168,24 @@ def test_report_rows_price_each_tier():
     (row,) = report_rows(totals, BillingSettings())
     assert row["requests"] == 3 and row["cached_tokens"] == 500_000
     assert row["total_cost"] == pytest.approx(0.5 + 0.05 + 4.0)
+
+
+# The aggregate's restarts ----------------------------------------------------------------------
+async def test_an_aggregate_that_cannot_start_waits_longer_each_time_up_to_its_cap(monkeypatch, caplog):
+    # Nothing listens on port 1: the consumer's start fails at once, again and again, before any poll.
+    monkeypatch.setattr(metering, "RESTART_S", 0.01)
+    monkeypatch.setattr(metering, "RESTART_MAX_S", 0.04)
+    registry = CollectorRegistry()
+    aggregator = metering.UsageAggregator(
+        KafkaSettings(bootstrap="127.0.0.1:1"), TopicLayout(prefix="restarts"), "restarts-usage-meter", "router-t",
+        Seal(b"k" * 32, "router-t"), None, None, RouterMetrics(registry),  # no record is read: no ledger, no letters
+    )  # fmt: skip
+    stopping = asyncio.Event()
+    counting = asyncio.create_task(aggregator.run(stopping))
+    while registry.get_sample_value("drivetrain_router_usage_restarts_total") < 5:
+        assert not counting.done()
+        await asyncio.sleep(0.01)
+    stopping.set()
+    await asyncio.wait_for(counting, 5)
+    pauses = [record.args[0] for record in caplog.records if record.getMessage().startswith("the usage aggregate failed")]
+    assert pauses[:4] == [0.02, 0.04, 0.04, 0.04]  # doubled from the first pause, then held at the cap
