@@ -1,15 +1,18 @@
-"""Paged attention on the CPU through PyTorch's fused scaled_dot_product_attention.
+"""Paged attention on the CPU through PyTorch's fused scaled_dot_product_attention, and our C++
+kernels where they are built (cpu_paged_decode.py for decoding, cpu_prefill_attention.py for float32
+prompts).
 
 What a step's sequences read from the cache is worked out once per step (a CpuAttentionPlan),
-then every layer does a few whole-block gathers and one fused attention call per group (two
-for a prompt chunk after a cached prefix):
+then every layer does a few whole-block gathers and one attention call per group (with the fused
+kernel, two for a prompt chunk after a cached prefix):
 - decoding sequences are grouped by length (each group's contexts within a factor of two), so
   no sequence is padded to the batch's longest context;
 - prompts computed whole in this step (nothing cached before them) attend causally in one fused
   call per group of like lengths, padded to the group's longest: a call per prompt cost more than
   its arithmetic at chat prompts' few dozen tokens;
-- any other prompt chunk attends to its cached prefix (no mask) and causally to itself, the two
-  merged by their log-sum-exps: a mask over the whole context would cost every masked pair too;
+- any other prompt chunk attends to its cached prefix and causally to itself: the C++ kernel in
+  one call; the fused kernel in two, merged by their log-sum-exps, since a mask over the whole
+  context would cost every masked pair too;
 - new K/V are written by index into the flat cache.
 `decode_group_attention` is one decode group in plain tensor operations, for a compiled graph;
 `decode_group_attention_kernel` the same through the C++ kernel (cpu_paged_decode.py), which the
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_prefill_attention
 from kernels.checks import check_query_and_cache
 from kernels.cpu_paged_decode import paged_decode_attention
 
@@ -298,22 +302,25 @@ def decode_group_attention_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cach
 def _whole(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prompts: WholePrompts,
            scale: float) -> torch.Tensor:  # (R, Hq, D): the real positions' outputs
     """Causal attention of each prompt over its own keys, read back from the cache as decoding will
-    read them (in its dtype), all prompts of the group in one fused call."""
+    read them (in its dtype), all prompts of the group in one call."""
     n, length = prompts.rows.shape
 
-    def padded(cache: torch.Tensor) -> torch.Tensor:  # (n, Hkv, L, D) in q's dtype
+    def padded(cache: torch.Tensor) -> torch.Tensor:  # (n, L, Hkv, D) in q's dtype
         read = cache.view(-1, *cache.shape[2:]).index_select(0, prompts.slots.reshape(-1))
-        return read.to(q.dtype).view(n, length, *cache.shape[2:]).transpose(1, 2)
+        return read.to(q.dtype).view(n, length, *cache.shape[2:])
 
-    queries = q[prompts.rows].transpose(1, 2)  # (n, Hq, L, D)
-    out, _ = _flash(queries, padded(k_cache), padded(v_cache), True, scale)
-    return out.transpose(1, 2).reshape(n * length, *q.shape[1:])[prompts.real]
+    queries = q[prompts.rows]  # (n, L, Hq, D)
+    out = _causal(queries, padded(k_cache), padded(v_cache), scale)
+    return out.reshape(n * length, *q.shape[1:])[prompts.real]
 
 
 def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: PromptChunk,
              plan: CpuAttentionPlan, scale: float) -> torch.Tensor:  # (L, Hq, D)
     keys = plan.gather(k_cache, chunk.blocks[None], "k", q.dtype)[0, :, : chunk.context_len]  # (Hkv, C, D)
     values = plan.gather(v_cache, chunk.blocks[None], "v", q.dtype)[0, :, : chunk.context_len]
+    if cpu_prefill_attention.serves(q, keys):  # the prefix and the chunk's own keys in one call
+        keys, values = keys.transpose(0, 1)[None], values.transpose(0, 1)[None]  # (1, C, Hkv, D)
+        return cpu_prefill_attention.prefill_attention(q[None], keys, values, scale)[0]
     queries = q.transpose(0, 1)[None]  # (1, Hq, L, D)
     prefix = chunk.prefix
     out, own_lse = _flash(queries, keys[None, :, prefix:], values[None, :, prefix:], True, scale)
@@ -324,6 +331,14 @@ def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chun
         cached_share = torch.sigmoid(cached_lse - own_lse).unsqueeze(-1)  # (1, Hq, L, 1)
         out = out + (cached - out) * cached_share.to(out.dtype)
     return out[0].transpose(0, 1)
+
+
+def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """(n, L, Hq, D) causal attention over (n, L, Hkv, D) keys and values: the C++ kernel where it
+    serves, else the fused one."""
+    if cpu_prefill_attention.serves(q, k):
+        return cpu_prefill_attention.prefill_attention(q, k, v, scale)
+    return _flash(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), True, scale)[0].transpose(1, 2)
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_prefill_attention
 from kernels.cpu_attention import (
     PAD_BLOCK,
     CpuAttentionPlan,
@@ -324,7 +325,18 @@ def test_prefill_rejects_bad_arguments() -> None:
         paged_prefill_attention_triton(q, k_cache, v_cache[:, :8], tables, cu, lens, 0.2)
 
 
-# --- the CPU path: PyTorch's fused attention over a per-step plan ------------------------
+# --- the CPU path: PyTorch's fused attention and our C++ kernels over a per-step plan ------
+
+@pytest.fixture(params=["cpp_kernel", "fused"])
+def prompt_attention(request, monkeypatch) -> str:
+    """Each float32 prompt test twice: through the C++ kernel, and through PyTorch's fused attention,
+    which serves where the kernel cannot be built."""
+    if request.param == "cpp_kernel":
+        assert cpu_prefill_attention.available()  # make test installs what building it takes
+    else:
+        monkeypatch.setattr(cpu_prefill_attention, "serves", lambda *tensors: False)
+    return request.param
+
 
 def _cpu_attention(q, k_cache, v_cache, tables, cu, lens, scale, slots=None):
     slots = torch.full((q.shape[0],), -1) if slots is None else slots
@@ -373,7 +385,7 @@ def test_cpu_decode_groups_contexts_within_a_factor_of_two() -> None:
 
 
 @pytest.mark.parametrize("group", [1, 4])
-def test_cpu_mixed_step_matches_prefill_ref(group: int) -> None:
+def test_cpu_mixed_step_matches_prefill_ref(group: int, prompt_attention: str) -> None:
     # Fresh prompts, chunks after a cached prefix, decodes and an empty padding sequence in one step.
     chunks = [(0, 23), (40, 17), (5, 1), (16, 0), (0, 1), (90, 1), (33, 64)]
     q, k_cache, v_cache, tables, cu, lens = _prefill_case(chunks, group, 16, 16, seed=22)
@@ -384,7 +396,8 @@ def test_cpu_mixed_step_matches_prefill_ref(group: int) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group", [1, 3])
-def test_cpu_whole_prompts_attend_in_groups_like_the_ref(dtype: torch.dtype, group: int) -> None:
+def test_cpu_whole_prompts_attend_in_groups_like_the_ref(dtype: torch.dtype, group: int,
+                                                          prompt_attention: str) -> None:
     # Prompts with nothing cached before them, of lengths that make three groups (64 and 40; 23 and
     # 17; 5 and 3), beside a chunk after a prefix and two decodes, each group one padded call.
     chunks = [(0, 23), (0, 64), (12, 30), (0, 5), (0, 40), (7, 1), (0, 17), (0, 3), (0, 1)]
@@ -400,9 +413,10 @@ def test_cpu_whole_prompts_attend_in_groups_like_the_ref(dtype: torch.dtype, gro
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_chunk_after_a_long_prefix_matches_prefill_ref(dtype: torch.dtype) -> None:
-    # A prefix longer than the fused kernel's key splits, a chunk longer than its query splits: the
-    # cached and own parts are attended apart and merged by their log-sum-exps.
+def test_cpu_chunk_after_a_long_prefix_matches_prefill_ref(dtype: torch.dtype, prompt_attention: str) -> None:
+    # A prefix longer than the fused kernel's key splits, a chunk longer than its query splits (the
+    # fused kernel attends the cached and own parts apart and merges them by their log-sum-exps), and
+    # longer than the C++ kernel's runs of rows.
     q, k_cache, v_cache, tables, cu, lens = _prefill_case([(1100, 300), (17, 530)], 3, 64, 16, seed=25)
     expected = paged_prefill_attention_ref(q, k_cache, v_cache, tables, cu, lens, 0.125)
     out = _cpu_attention(q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), tables, cu, lens, 0.125)

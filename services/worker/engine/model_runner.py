@@ -19,7 +19,7 @@ import numpy as np
 import psutil
 import torch
 
-from kernels import cpu_elementwise, cpu_paged_decode
+from kernels import cpu_elementwise, cpu_paged_decode, cpu_prefill_attention
 from services.worker.engine.attention import AttentionMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
 from services.worker.engine.cpu_graphs import CpuDecodeGraphs
@@ -221,6 +221,7 @@ class ModelRunner:
                                      and cpu_paged_decode.supports(model.config.head_dim, self.kv_dtype))
         if self.device.type == "cpu" and self.dtype == torch.float32:
             cpu_elementwise.available()  # built now, not in the first request's prompt step
+            cpu_prefill_attention.available()
         self.graphs: CudaGraphRunner | None = None
         if config.cuda_graphs and self.device.type == "cuda":
             max_blocks = cdiv(config.max_model_len, self.block_size)
