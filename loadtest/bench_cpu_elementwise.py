@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
-import unittest.mock
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import torch
-from bench_report import median_seconds, paired_bars, write_and_report
-from peers_drivetrain import DrivetrainPeer, kv_blocks_for
+from bench_report import paired_bars, paired_kernels, write_and_report
+from peers_drivetrain import prompts_through_an_engine
 from peers_workloads import prompts_for, workloads
 
 from kernels import cpu_elementwise
@@ -36,24 +34,6 @@ SMOLLM2 = replace(SHAPES["tiny"], hidden_size=576, intermediate_size=1536, num_l
                   num_kv_heads=3, head_dim=64, rope_theta=100000.0)
 LAYER_ROWS = [1, 64, 512, 2000]
 PROMPTS = ["concurrent_64", "ttft_2k"]  # the peer benchmark's 64 chats, and its long prompt
-
-
-def paired(call: Callable[[], object], rounds: int, repeats: int) -> dict:
-    """`call` with the kernels and with the references, taking turns."""
-    timed: dict[str, list[float]] = {"kernels": [], "references": []}
-    for r in range(rounds):
-        for name in (("kernels", "references") if r % 2 == 0 else ("references", "kernels")):
-            if name == "kernels":
-                timed[name].append(median_seconds(call, repeats))
-            else:
-                # A plain function: a mock would keep every call's tensors, and the references' time
-                # would be the allocator's, mapping fresh memory for each (it doubled it).
-                with unittest.mock.patch.object(cpu_elementwise, "serves", new=lambda *tensors: False):
-                    timed[name].append(median_seconds(call, repeats))
-    ratios = [k / r for k, r in zip(timed["kernels"], timed["references"], strict=True)]
-    return {"kernels_ms": 1000 * statistics.median(timed["kernels"]),
-            "references_ms": 1000 * statistics.median(timed["references"]),
-            "kernels_over_references": statistics.median(ratios), "ratios": ratios}
 
 
 def a_layers_elementwise(rows: int) -> Callable[[], object]:
@@ -76,14 +56,6 @@ def a_layers_elementwise(rows: int) -> Callable[[], object]:
     return layer
 
 
-def prompts_through_an_engine(prompts: list[list[int]]) -> Callable[[], object]:
-    """The prompts through an eager float32 engine of SmolLM2's own weights, one token out of each:
-    every step it takes on them (chunks of its CPU step budget, 512 tokens), first to last."""
-    streams = [(len(prompt), 1) for prompt in prompts]
-    peer = DrivetrainPeer("float32", max(len(prompt) for prompt in prompts) + 16, kv_blocks_for(streams), len(prompts))
-    return lambda: peer.run(prompts, 1)
-
-
 def plot(results: dict, path: Path) -> Path | None:
     cases = results["layer"] + results["prompt"]
     labels = [f"a layer's\n{c['rows']} rows" for c in results["layer"]] + \
@@ -104,13 +76,13 @@ def main() -> int:
     if not cpu_elementwise.available():
         parser.error("the elementwise kernels do not build here")
     torch.set_num_threads(args.threads)
-    layer = [{"rows": rows, **paired(a_layers_elementwise(rows), args.rounds, args.repeats)} for rows in LAYER_ROWS]
+    layer = [{"rows": rows, **paired_kernels(a_layers_elementwise(rows), cpu_elementwise, args.rounds, args.repeats)} for rows in LAYER_ROWS]
     tokenizer = Tokenizer.from_folder(smollm2_folder())
     prompt = []
     for name in PROMPTS:
         prompts = prompts_for(workloads(quick=False)[name], tokenizer)
         prompt.append({"prompts": len(prompts), "tokens": sum(map(len, prompts)),
-                       **paired(prompts_through_an_engine(prompts), args.rounds, 1)})
+                       **paired_kernels(prompts_through_an_engine(prompts), cpu_elementwise, args.rounds, 1)})
     for case in layer:
         print(f"a layer's elementwise, {case['rows']} rows: {case['references_ms']:.3f} -> {case['kernels_ms']:.3f} ms "
               f"({case['kernels_over_references']:.2f})")
