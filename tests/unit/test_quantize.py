@@ -150,7 +150,11 @@ def test_smollm2_answers_in_every_dtype(dtype: str, quantization: str) -> None:
     settings = EngineSettings(num_kv_blocks=32, dtype=dtype, quantization=quantization)
     llm = build_llm_engine(resolve_model("smollm2"), settings, "cpu")
     assert llm.engine.runner.dtype == getattr(torch, dtype)
-    ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    # int4's and int8's products return bfloat16, so their logits are rounded to 1/8 near 25: asked
+    # "What is the capital of France?", int4's first two candidates ("The", "L") tie there, and a
+    # difference in the last bit of the attention picks either. This question's tokens lead by 0.6
+    # or more in every dtype.
+    ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": "Name the capital city of France."}])
     request = llm.add_prompt("q", ids, SamplingParams(max_tokens=12, temperature=0.0))
     while llm.has_unfinished_requests():
         llm.step()
