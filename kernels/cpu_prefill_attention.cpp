@@ -3,12 +3,13 @@
 //
 // Bound by arithmetic: a long prompt's scores are most of its attention's work. A task takes one KV head
 // and a run of the chunk's query positions, the query heads sharing that KV head folded in as rows, so the
-// keys and values are read once for all of them. Its scores over every key the run's last position sees
-// are one matrix product (BLAS), then a softmax of each row over the keys its own position sees (the rest
-// zeroed: at most the run's length, where the fused kernel computes whole blocks of 512 keys past the
-// diagonal), then the values' weighted sums are a second product. A row's scores fit in the second-level
-// cache at a few thousand keys, so each row is normalised once, with no running rescale. Threads take runs
-// of tasks of about equal work.
+// keys and values are read once for all of them. It goes over the keys the run's last position sees in
+// blocks: a block's scores are one matrix product (BLAS), then each row's exponentials over the keys its
+// own position sees (the rest zeroed: at most the run's length, where the fused kernel computes whole
+// blocks of 512 keys past the diagonal), then the values' weighted sums a second product, added to the
+// earlier blocks' once those are rescaled to the new running maximum. Blocks bound a thread's scratch
+// whatever the context (at 8,000 and 16,000 keys, blocks of 512 to 4,096 took the same time); a context of
+// up to 2,048 keys is one block and needs no rescale. Threads take runs of tasks of about equal work.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -31,28 +32,34 @@ namespace {
 
 using Vec = at::vec::Vectorized<float>;
 
-constexpr int64_t kTaskRows = 96;  // query rows (positions times the heads sharing a KV head) a task takes
+constexpr int64_t kTaskRows = 96;     // query rows (positions times the heads sharing a KV head) a task takes
+constexpr int64_t kBlockKeys = 2048;  // keys a block's scores cover: 768 KB of them at 96 rows
 
-// Row-major c (m x n) = a (m x k) times b (n x k) transposed, or times b (k x n). BLAS is column-major:
-// c transposed = b's side times a transposed.
-void product(bool b_transposed, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
-             int ldc) {
-  const float one = 1.f, zero = 0.f;
-  sgemm_(b_transposed ? "T" : "N", "N", &n, &m, &k, &one, b, &ldb, a, &lda, &zero, c, &ldc);
+// Row-major c (m x n) = a (m x k) times b (n x k) transposed, or times b (k x n), plus c times beta.
+// BLAS is column-major: c transposed = b's side times a transposed.
+void product(bool b_transposed, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float beta,
+             float* c, int ldc) {
+  const float one = 1.f;
+  sgemm_(b_transposed ? "T" : "N", "N", &n, &m, &k, &one, b, &ldb, a, &lda, &beta, c, &ldc);
 }
 
-// The softmax of x[0:seen] in place, zeros over x[seen:width]; returns 1 / the exponentials' sum, which
-// the row's output is multiplied by once its weighted sum is done.
-float softmax_row(float* x, int64_t seen, int64_t width) {
+float largest(const float* x, int64_t n) {
   const int64_t lanes = Vec::size();
   Vec top_lanes(-std::numeric_limits<float>::infinity());
   int64_t i = 0;
-  for (; i + lanes <= seen; i += lanes) top_lanes = at::vec::maximum(top_lanes, Vec::loadu(x + i));
+  for (; i + lanes <= n; i += lanes) top_lanes = at::vec::maximum(top_lanes, Vec::loadu(x + i));
   float top = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, top_lanes);
-  for (; i < seen; ++i) top = std::max(top, x[i]);
+  for (; i < n; ++i) top = std::max(top, x[i]);
+  return top;
+}
+
+// x[0:seen] becomes e^(x - top), x[seen:width] zeros; returns the exponentials' sum.
+float exponentials(float* x, int64_t seen, int64_t width, float top) {
+  const int64_t lanes = Vec::size();
   const Vec shift(top);
   Vec sum_lanes(0.f);
-  for (i = 0; i + lanes <= seen; i += lanes) {
+  int64_t i = 0;
+  for (; i + lanes <= seen; i += lanes) {
     const Vec e = (Vec::loadu(x + i) - shift).exp_u20();
     e.store(x + i);
     sum_lanes = sum_lanes + e;
@@ -63,8 +70,15 @@ float softmax_row(float* x, int64_t seen, int64_t width) {
     sum += x[i];
   }
   std::fill(x + seen, x + width, 0.f);
-  return 1.f / sum;
+  return sum;
 }
+
+// One task's rows: its queries (scaled), running maxima and sums, weighted sums, and a block's scores.
+struct Rows {
+  std::vector<float> queries, outs, tops, sums, scores;
+  Rows(int64_t rows, int64_t head_dim, int64_t keys)
+      : queries(rows * head_dim), outs(rows * head_dim), tops(rows), sums(rows), scores(rows * keys) {}
+};
 
 struct Task {
   int64_t sequence, kv_head, first, last;  // the sequence's query positions first:last of the chunk
@@ -117,29 +131,43 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   float* op = out.data_ptr<float>();
   const float s = static_cast<float>(scale);
   at::parallel_for(0, threads, 1, [&](int64_t first_share, int64_t last_share) {
-    const int64_t most_rows = positions * group;
-    std::vector<float> queries(most_rows * head_dim), outs(most_rows * head_dim), inverse_sums(most_rows);
-    std::vector<float> scores(most_rows * context);
+    Rows held(positions * group, head_dim, std::min(context, kBlockKeys));
     for (size_t t = starts[first_share]; t < starts[last_share]; ++t) {
       const Task& task = tasks[t];
       const int64_t rows = (task.last - task.first) * group, width = prefix + task.last;
       // Row (p, g): position first + p, the KV head's query head g, scaled once here.
       for (int64_t p = task.first; p < task.last; ++p) {
         const float* src = qp + task.sequence * q.stride(0) + p * q.stride(1) + task.kv_head * group * head_dim;
-        float* dst = queries.data() + (p - task.first) * group * head_dim;
+        float* dst = held.queries.data() + (p - task.first) * group * head_dim;
         for (int64_t i = 0; i < group * head_dim; ++i) dst[i] = src[i] * s;
       }
+      std::fill_n(held.tops.begin(), rows, -std::numeric_limits<float>::infinity());
+      std::fill_n(held.sums.begin(), rows, 0.f);
       const float* keys = kp + task.sequence * k.stride(0) + task.kv_head * head_dim;
       const float* values = vp + task.sequence * v.stride(0) + task.kv_head * head_dim;
-      product(true, rows, width, head_dim, queries.data(), head_dim, keys, k.stride(1), scores.data(), width);
-      for (int64_t r = 0; r < rows; ++r)
-        inverse_sums[r] = softmax_row(scores.data() + r * width, prefix + task.first + r / group + 1, width);
-      product(false, rows, head_dim, width, scores.data(), width, values, v.stride(1), outs.data(), head_dim);
+      for (int64_t first_key = 0; first_key < width; first_key += kBlockKeys) {
+        const int64_t n = std::min(kBlockKeys, width - first_key);
+        product(true, rows, n, head_dim, held.queries.data(), head_dim, keys + first_key * k.stride(1), k.stride(1),
+                0.f, held.scores.data(), n);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* x = held.scores.data() + r * n;
+          const int64_t seen = std::clamp<int64_t>(prefix + task.first + r / group + 1 - first_key, 0, n);
+          const float top = std::max(held.tops[r], largest(x, seen));
+          const float rescale = std::exp(held.tops[r] - top);  // 0 at the first block, 1 where nothing is seen
+          held.sums[r] = held.sums[r] * rescale + exponentials(x, seen, n, top);
+          held.tops[r] = top;
+          if (first_key > 0 && rescale != 1.f)
+            for (int64_t d = 0; d < head_dim; ++d) held.outs[r * head_dim + d] *= rescale;
+        }
+        product(false, rows, head_dim, n, held.scores.data(), n, values + first_key * v.stride(1), v.stride(1),
+                first_key > 0 ? 1.f : 0.f, held.outs.data(), head_dim);
+      }
       for (int64_t p = task.first; p < task.last; ++p) {
         float* dst = op + ((task.sequence * length + p) * num_q_heads + task.kv_head * group) * head_dim;
         for (int64_t g = 0; g < group; ++g) {
           const int64_t r = (p - task.first) * group + g;
-          for (int64_t d = 0; d < head_dim; ++d) dst[g * head_dim + d] = outs[r * head_dim + d] * inverse_sums[r];
+          const float inverse_sum = 1.f / held.sums[r];
+          for (int64_t d = 0; d < head_dim; ++d) dst[g * head_dim + d] = held.outs[r * head_dim + d] * inverse_sum;
         }
       }
     }

@@ -1,7 +1,8 @@
 """The C++ prompt attention kernel (kernels/cpu_prefill_attention.cpp) against PyTorch's fused CPU
 attention, which float32 prompt steps used before it, at SmolLM2-135M's heads (9 query heads over 3 KV
 heads of 64): one layer's attention over the engine's own plans (a 2,000-token prompt in its four
-chunks of 512, the peer benchmark's 64 chats' prompts in their groups), and prompts through an eager
+chunks of 512, the peer benchmark's 64 chats' prompts in their groups, and an 8,000-token prompt, the
+model's context, in sixteen chunks), and prompts through an eager
 engine of SmolLM2's own weights, every step from the first to the last: the 64 chats, and the
 2,000-token prompt whose first token the peer benchmark times. Each with the kernel and with the fused
 attention, rounds taking turns, medians, the ratio paired per round.
@@ -31,6 +32,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 STEP_BUDGET = 512  # the engine's CPU step budget: a long prompt's chunk
 PROMPTS = ["concurrent_64", "ttft_2k"]  # the peer benchmark's 64 chats, and its long prompt
+LONGEST = 8000  # a prompt near SmolLM2's context of 8,192
 
 
 def a_layers_prompt_steps(lengths: list[int]) -> Callable[[], object]:
@@ -83,10 +85,10 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     tokenizer = Tokenizer.from_folder(smollm2_folder())
     named = {name: prompts_for(workloads(quick=False)[name], tokenizer) for name in PROMPTS}
-    layer = [{"name": name, "tokens": sum(map(len, prompts)),
-              **paired_kernels(a_layers_prompt_steps([len(p) for p in prompts]), cpu_prefill_attention,
-                               args.rounds, args.repeats)}
-             for name, prompts in named.items()]
+    lengths = {name: [len(p) for p in prompts] for name, prompts in named.items()} | {"8k_prompt": [LONGEST]}
+    layer = [{"name": name, "tokens": sum(each),
+              **paired_kernels(a_layers_prompt_steps(each), cpu_prefill_attention, args.rounds, args.repeats)}
+             for name, each in lengths.items()]
     prompt = [{"prompts": len(prompts), "tokens": sum(map(len, prompts)),
                **paired_kernels(prompts_through_an_engine(prompts), cpu_prefill_attention, args.rounds, 1)}
               for prompts in named.values()]

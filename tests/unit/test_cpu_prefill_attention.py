@@ -1,6 +1,7 @@
 """The C++ prompt attention kernel (kernels/cpu_prefill_attention.cpp): each position's causal attention
 over its prefix and its chunk equals dense attention in float64, at head groups and sizes the models
-use, chunks shorter and longer than a task's run of rows, over strided views as the model passes them;
+use, chunks shorter and longer than a task's run of rows, contexts of one block of keys and of
+several, over strided views as the model passes them;
 eager float32 prompt steps take it, other dtypes and traced graphs keep the fused kernel; what it does
 not take is an error, not a crash."""
 
@@ -45,6 +46,8 @@ def _case(n: int, length: int, context: int, num_q_heads: int, num_kv_heads: int
     (1, 33, 50),  # a chunk after a prefix, its runs of rows cut mid-chunk
     (2, 100, 612),
     (1, 512, 2000),  # the last chunk of a 2,000-token prompt
+    (1, 100, 2100),  # two blocks of keys, the first rows seeing none of the second
+    (1, 300, 4500),  # three blocks, each row's running maximum rescaled twice
 ])
 @pytest.mark.parametrize(("num_q_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 16), (8, 2, 128)])
 def test_matches_dense_attention(n: int, length: int, context: int, num_q_heads: int, num_kv_heads: int,
