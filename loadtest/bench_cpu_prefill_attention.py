@@ -12,26 +12,17 @@ attention, rounds taking turns, medians, the ratio paired per round.
 
 from __future__ import annotations
 
-import argparse
 import math
-import platform
 from collections.abc import Callable
-from pathlib import Path
 
+import kernel_bench
 import torch
-from bench_report import paired_bars, paired_kernels, write_and_report
-from peers_drivetrain import prompts_through_an_engine
-from peers_workloads import prompts_for, workloads
 
 from kernels import cpu_prefill_attention
 from kernels.cpu_attention import CpuAttentionPlan, paged_attention_cpu
-from shared.models.smollm2 import smollm2_folder
-from shared.models.tokenizer import Tokenizer
 
-RESULTS = Path(__file__).resolve().parent / "results"
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 STEP_BUDGET = 512  # the engine's CPU step budget: a long prompt's chunk
-PROMPTS = ["concurrent_64", "ttft_2k"]  # the peer benchmark's 64 chats, and its long prompt
 LONGEST = 8000  # a prompt near SmolLM2's context of 8,192
 
 
@@ -63,52 +54,23 @@ def a_layers_prompt_steps(lengths: list[int]) -> Callable[[], object]:
     return lambda: [paged_attention_cpu(q, k_cache, v_cache, plan, HEAD_DIM ** -0.5) for q, plan in steps]
 
 
-def plot(results: dict, path: Path) -> Path | None:
-    cases = results["layer"] + results["prompt"]
-    labels = [f"a layer,\n{c['name']}" for c in results["layer"]] + \
-             [f"{c['prompts']} prompt(s),\nan engine" for c in results["prompt"]]
-    return paired_bars(path, labels, {"PyTorch's fused attention": [1.0] * len(cases),
-                                      "C++ kernel": [c["kernels_over_references"] for c in cases]},
-                       "time, of the fused attention's",
-                       f"float32 prompt attention on the CPU ({results['meta']['threads']} threads)")
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--repeats", type=int, default=5, help="calls timed per round (the median kept)")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", type=Path, default=RESULTS / "cpu_prefill_attention.json")
-    args = parser.parse_args()
+    args = kernel_bench.arguments(__doc__, "cpu_prefill_attention.json")
     if not cpu_prefill_attention.available():
-        parser.error("the prompt attention kernel does not build or run here")
-    torch.set_num_threads(args.threads)
-    tokenizer = Tokenizer.from_folder(smollm2_folder())
-    named = {name: prompts_for(workloads(quick=False)[name], tokenizer) for name in PROMPTS}
-    lengths = {name: [len(p) for p in prompts] for name, prompts in named.items()} | {"8k_prompt": [LONGEST]}
+        raise SystemExit("the prompt attention kernel does not build or run here")
+    lengths = {name: [len(p) for p in prompts] for name, prompts in kernel_bench.peer_prompts().items()}
+    lengths["8k_prompt"] = [LONGEST]
     layer = [{"name": name, "tokens": sum(each),
-              **paired_kernels(a_layers_prompt_steps(each), cpu_prefill_attention, args.rounds, args.repeats)}
+              **kernel_bench.paired_kernels(a_layers_prompt_steps(each), cpu_prefill_attention, args.rounds,
+                                            args.repeats)}
              for name, each in lengths.items()]
-    prompt = [{"prompts": len(prompts), "tokens": sum(map(len, prompts)),
-               **paired_kernels(prompts_through_an_engine(prompts), cpu_prefill_attention, args.rounds, 1)}
-              for prompts in named.values()]
+    prompt = kernel_bench.through_an_engine(cpu_prefill_attention, args.rounds)
     for case in layer:
         print(f"a layer's prompt attention, {case['name']} ({case['tokens']} tokens): {case['references_ms']:.2f} -> "
               f"{case['kernels_ms']:.2f} ms ({case['kernels_over_references']:.2f})")
-    for case in prompt:
-        print(f"{case['prompts']} prompt(s), {case['tokens']} tokens in all, through an engine: "
-              f"{case['references_ms']:.0f} -> {case['kernels_ms']:.0f} ms ({case['kernels_over_references']:.2f})")
-    worst = max(case["kernels_over_references"] for case in layer + prompt)
-    results = {
-        "meta": {"threads": args.threads, "rounds": args.rounds, "repeats": args.repeats, "cpu": platform.processor(),
-                 "capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__},
-        "layer": layer,
-        "prompt": prompt,
-        # The kernel is worth its code only where nothing gets slower.
-        "targets": {"prefill_attention.worst_kernel_over_fused": {"value": worst, "target": "<= 1.0",
-                                                                  "met": worst <= 1.0}},
-    }
-    write_and_report(results, args.json, plot)
+    kernel_bench.report(args, layer, [f"a layer,\n{c['name']}" for c in layer], prompt,
+                        "prefill_attention.worst_kernel_over_fused", ("PyTorch's fused attention", "C++ kernel"),
+                        "float32 prompt attention on the CPU")
     return 0
 
 

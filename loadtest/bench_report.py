@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import statistics
 import time
-import unittest.mock
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 
 def median_seconds(call: Callable[[], object], repeats: int) -> float:
@@ -21,25 +19,6 @@ def median_seconds(call: Callable[[], object], repeats: int) -> float:
         call()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def paired_kernels(call: Callable[[], object], kernels: ModuleType, rounds: int, repeats: int) -> dict:
-    """`call` with our C++ kernels of the module `kernels` and with the references they replace (its
-    `serves` saying no), taking turns; medians and the ratio paired per round."""
-    timed: dict[str, list[float]] = {"kernels": [], "references": []}
-    for r in range(rounds):
-        for name in (("kernels", "references") if r % 2 == 0 else ("references", "kernels")):
-            if name == "kernels":
-                timed[name].append(median_seconds(call, repeats))
-            else:
-                # A plain function: a mock would keep every call's tensors, and the references' time
-                # would be the allocator's, mapping fresh memory for each (it doubled it).
-                with unittest.mock.patch.object(kernels, "serves", new=lambda *tensors: False):
-                    timed[name].append(median_seconds(call, repeats))
-    ratios = [k / r for k, r in zip(timed["kernels"], timed["references"], strict=True)]
-    return {"kernels_ms": 1000 * statistics.median(timed["kernels"]),
-            "references_ms": 1000 * statistics.median(timed["references"]),
-            "kernels_over_references": statistics.median(ratios), "ratios": ratios}
 
 
 def write_and_report(results: dict, path: Path, plot: Callable[[dict, Path], Path | None]) -> None:

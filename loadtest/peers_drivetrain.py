@@ -4,7 +4,6 @@ per variant, stepped in this process. A variant is a name for engine settings (d
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import torch
 from peers_workloads import Run
@@ -90,11 +89,3 @@ class DrivetrainPeer:
         seconds = time.perf_counter() - start
         return Run(seconds, first_token_s or seconds, [r.output_token_ids for r in requests])
 
-
-def prompts_through_an_engine(prompts: list[list[int]]) -> Callable[[], Run]:
-    """The prompts through an eager float32 engine of SmolLM2's own weights, one token out of each:
-    every step it takes on them (chunks of its CPU step budget, 512 tokens), first to last. The CPU
-    kernels' benchmarks time it with their kernels and without."""
-    streams = [(len(prompt), 1) for prompt in prompts]
-    peer = DrivetrainPeer("float32", max(len(prompt) for prompt in prompts) + 16, kv_blocks_for(streams), len(prompts))
-    return lambda: peer.run(prompts, 1)
