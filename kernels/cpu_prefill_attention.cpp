@@ -22,8 +22,9 @@
 #include <limits>
 #include <vector>
 
-// BLAS's single-precision product, from the library PyTorch links (MKL in its x86 wheels). Weak: where no
-// library provides it, the op says so and the caller keeps PyTorch's own fused attention.
+// BLAS's single-precision product, from the library PyTorch links (MKL in its x86 wheels), declared as
+// PyTorch's own CPU BLAS calls declare it (32-bit sizes). Weak: where no library provides it, the op says
+// so and the caller keeps PyTorch's own fused attention.
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
                        const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
                        const float* beta, float* c, const int* ldc) __attribute__((weak));
