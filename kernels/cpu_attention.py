@@ -7,9 +7,9 @@ then every layer does a few whole-block gathers and one attention call per group
 kernel, two for a prompt chunk after a cached prefix):
 - decoding sequences are grouped by length (each group's contexts within a factor of two), so
   no sequence is padded to the batch's longest context;
-- prompts computed whole in this step (nothing cached before them) attend causally in one fused
-  call per group of like lengths, padded to the group's longest: a call per prompt cost more than
-  its arithmetic at chat prompts' few dozen tokens;
+- prompts computed whole in this step (nothing cached before them) attend causally in one call
+  per group of like lengths, padded to the group's longest: a call per prompt cost more than its
+  arithmetic at chat prompts' few dozen tokens;
 - any other prompt chunk attends to its cached prefix and causally to itself: the C++ kernel in
   one call; the fused kernel in two, merged by their log-sum-exps, since a mask over the whole
   context would cost every masked pair too;
