@@ -299,7 +299,7 @@ def test_one_int8_row_multiplies_through_inductors_kernels_alone(tiny: LlamaMode
     graphs = engine.runner.decode_graphs
     assert not graphs.failed and graphs.plans == (INT8_ONE_ROW, INT8_ROWS)
     aten_products: list[int] = []  # per one-row step the graph took
-    graph_logits = graphs.logits
+    graph_logits = graphs.run
 
     def counted(input_ids: torch.Tensor, *args) -> torch.Tensor | None:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
@@ -308,7 +308,7 @@ def test_one_int8_row_multiplies_through_inductors_kernels_alone(tiny: LlamaMode
             aten_products.append(sum(event.name == "aten::_weight_int8pack_mm" for event in profile.events()))
         return logits
 
-    graphs.logits = counted
+    graphs.run = counted
     for batch in ([list(range(7, 29))], [list(range(100 + 3 * i, 130 + 3 * i)) for i in range(3)]):
         engine.runner.pairs.clear()
         run(engine, batch, f"b{len(batch)}")

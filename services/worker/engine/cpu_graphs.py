@@ -137,12 +137,18 @@ def _give_back_freed_memory() -> None:
         trim(0)
 
 
+def _final(model: LlamaModel, hidden: torch.Tensor, output_layer: bool) -> torch.Tensor:
+    """A step's output: (N, V) float32 logits, or without the output layer the (N, C) final states."""
+    return model.compute_logits(hidden) if output_layer else hidden
+
+
 class _DecodeLogits(nn.Module):
     """The model's forward and its output layer as one module, so both compile into one graph."""
 
-    def __init__(self, model: LlamaModel) -> None:
+    def __init__(self, model: LlamaModel, output_layer: bool) -> None:
         super().__init__()
         self.model = model
+        self.output_layer = output_layer
         # Dynamo keeps compiled graphs per code object, and the module guards are filtered out (below):
         # two engines in one process sharing `forward`'s code would share one engine's frozen weights.
         # A copy of the code object gives this instance a cache of its own.
@@ -150,23 +156,24 @@ class _DecodeLogits(nn.Module):
         self.forward = types.MethodType(types.FunctionType(forward.__code__.replace(), forward.__globals__), self)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: DecodeGroupMetadata,
-                kv_caches: list[KVCache]) -> torch.Tensor:  # (N, V) float32
-        return self.model.compute_logits(self.model(input_ids, positions, meta, kv_caches))
+                kv_caches: list[KVCache]) -> torch.Tensor:  # (N, V) float32, or (N, C)
+        return _final(self.model, self.model(input_ids, positions, meta, kv_caches), self.output_layer)
 
 
 class _ExportedStep(nn.Module):
     """The same step as torch.export takes it: the group's tensors one by one (lengths None without the
     C++ kernel), in the order step_inputs gives them to the compiled library."""
 
-    def __init__(self, model: LlamaModel) -> None:
+    def __init__(self, model: LlamaModel, output_layer: bool) -> None:
         super().__init__()
         self.model = model
+        self.output_layer = output_layer
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                 read_slots: torch.Tensor, visible: torch.Tensor, lengths: torch.Tensor | None,
-                kv_caches: list[KVCache]) -> torch.Tensor:  # (N, V) float32
+                kv_caches: list[KVCache]) -> torch.Tensor:  # (N, V) float32, or (N, C)
         group = DecodeGroupMetadata(slot_mapping, read_slots, visible, lengths)
-        return self.model.compute_logits(self.model(input_ids, positions, group, kv_caches))
+        return _final(self.model, self.model(input_ids, positions, group, kv_caches), self.output_layer)
 
 
 def step_inputs(input_ids: torch.Tensor, positions: torch.Tensor, group: DecodeGroupMetadata,
@@ -270,13 +277,15 @@ def _plans(model: LlamaModel) -> tuple[GraphPlan, ...]:
 
 
 class CpuDecodeGraphs:
-    """Owns the compiled decode graphs of one model over one KV cache; `logits` runs a step through
-    them once they are ready, and never compiles on the caller's thread. store: where the compiled
-    libraries are kept between starts (None: rebuilt at every start)."""
+    """Owns the compiled decode graphs of one model over one KV cache; `run` runs a step through them
+    once they are ready, and never compiles on the caller's thread. store: where the compiled libraries
+    are kept between starts (None: rebuilt at every start). Without output_layer, the graphs end at the
+    final norm, for a caller that applies the output layer itself (greedy_output.py)."""
 
     def __init__(self, model: LlamaModel, kv_caches: list[KVCache], block_size: int, *,
-                 attention_kernel: bool, store: Path | None) -> None:
+                 attention_kernel: bool, store: Path | None, output_layer: bool = True) -> None:
         self.model = model
+        self.output_layer = output_layer
         self.kv_caches = kv_caches
         self.attention_kernel = attention_kernel  # the C++ kernel, built already; else tensor operations
         self.block_size = block_size
@@ -344,7 +353,7 @@ class CpuDecodeGraphs:
         on, the step is the same graph (export refuses a size it cannot leave free), and only a build
         traces it again at its plan's own warm-up batch, whose sizes inductor takes as hints. SmolLM2
         float32's two-row and eight-row traces had the same key; a trace takes ~6 s on two cores."""
-        step = _ExportedStep(_sharing_weights(self.model))
+        step = _ExportedStep(_sharing_weights(self.model), self.output_layer)
         shared = SharedWeights(named_tensors_of(self.model))
         traced: dict[bool, tuple[int, ExportedProgram]] = {}  # one row or more: (batch traced at, program)
         for plan in self.plans:
@@ -390,7 +399,7 @@ class CpuDecodeGraphs:
         # them, looking the graph up took 1.7 ms of a 24 ms SmolLM2 step.
         skip_module_guards = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
         for plan in self.plans:
-            compiled = torch.compile(_DecodeLogits(self.model), dynamic=True, options=skip_module_guards)
+            compiled = torch.compile(_DecodeLogits(self.model, self.output_layer), dynamic=True, options=skip_module_guards)
             with compiling(plan, None):
                 for batch in plan.warmup_batches:
                     compiled(*self._warmup_args(batch))
@@ -414,10 +423,10 @@ class CpuDecodeGraphs:
         ids = torch.zeros(batch, dtype=torch.int64)
         return ids, torch.zeros(batch, dtype=torch.int64), group, self.kv_caches
 
-    def logits(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
-        """(N, V) float32 logits of every row, or None (the step then runs eagerly): the graphs are
-        not ready, the step is not one decode group, or it has a shape they were not compiled for.
-        Nothing is ever compiled on the caller's thread."""
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
+        """Every row's (N, V) float32 logits, or (N, C) final states without the output layer; or None
+        (the step then runs eagerly): the graphs are not ready, the step is not one decode group, or it
+        has a shape they were not compiled for. Nothing is ever compiled on the caller's thread."""
         if not self.ready.is_set():
             return None
         group = decode_group(meta, self.block_size, self.attention_kernel)
@@ -427,7 +436,7 @@ class CpuDecodeGraphs:
 
     def run_group(self, input_ids: torch.Tensor, positions: torch.Tensor,
                   group: DecodeGroupMetadata) -> torch.Tensor | None:
-        """A decode group's logits through the graph that covers its shape, or None where none does."""
+        """A decode group's output through the graph that covers its shape, or None where none does."""
         rows = input_ids.shape[0]
         plan = self.plan_for(rows)
         if self.libraries:

@@ -26,6 +26,7 @@ from services.worker.engine.cpu_graphs import CpuDecodeGraphs
 from services.worker.engine.cuda_graphs import CudaGraphRunner
 from services.worker.engine.grammar_mask import apply_token_bitmask
 from services.worker.engine.grammar_matchers import GrammarMatchers
+from services.worker.engine.greedy_output import GreedyOutput, argmax_only, greedy_output_for
 from services.worker.engine.host_values import on_device
 from services.worker.engine.kv_cache_manager import cdiv
 from services.worker.engine.logits_processors import PendingTokens, process_logits
@@ -62,6 +63,7 @@ class RunnerConfig:
     cpu_compile: CpuCompile = "off"
     cpu_attention_kernel: bool = True  # CPU decode attention through the C++ kernel, where it builds
     cpu_graph_store: Path | None = None  # where compiled CPU decode graphs are kept between starts
+    cpu_greedy_screen: bool = True  # greedy rows' output layer screened in bfloat16, where it pays
     kv_cache_dtype: torch.dtype | None = None  # None: the weights' dtype
     eos_token_ids: frozenset[int] = frozenset()  # masked before a request's min_tokens, unless it ignores EOS
 
@@ -222,6 +224,7 @@ class ModelRunner:
         if self.device.type == "cpu" and self.dtype == torch.float32:
             cpu_elementwise.available()  # built now, not in the first request's prompt step
             cpu_prefill_attention.available()
+        self.greedy_output: GreedyOutput | None = greedy_output_for(model) if config.cpu_greedy_screen else None
         self.graphs: CudaGraphRunner | None = None
         if config.cuda_graphs and self.device.type == "cuda":
             max_blocks = cdiv(config.max_model_len, self.block_size)
@@ -232,7 +235,8 @@ class ModelRunner:
         if config.cpu_compile != "off" and self.device.type == "cpu":
             self.decode_graphs = CpuDecodeGraphs(model, self.kv_caches, self.block_size,
                                                  attention_kernel=self.cpu_attention_kernel,
-                                                 store=config.cpu_graph_store)
+                                                 store=config.cpu_graph_store,
+                                                 output_layer=self.greedy_output is None)
             self.decode_graphs.start(background=config.cpu_compile == "background")
         log.info("KV cache: %d blocks of %d tokens on %s", self.num_blocks, self.block_size, self.device)
 
@@ -248,6 +252,11 @@ class ModelRunner:
             return NOTHING_DRAWN
         inputs = self._to_device(prepare_inputs(out, self.block_size, self._graph_size(out)))
         pending = self._fill_placeholders(inputs) if len(inputs.placeholder_rows) else None
+        if self.greedy_output is not None and self._argmax_only(inputs):
+            states = self._final_states(inputs)  # (S, C)
+            if states is None:
+                return NOTHING_DRAWN
+            return self._drawn_step(inputs, self.greedy_output.tokens(states), None)
         logits = self._logits(inputs)  # (S, V)
         if logits is None:
             return NOTHING_DRAWN
@@ -258,10 +267,17 @@ class ModelRunner:
         if self.grammars is not None and (masked := self.grammars.bitmask(inputs.sample_ids, self.device)) is not None:
             apply_token_bitmask(logits, *masked)  # constrained rows keep only what their grammar allows
         tokens = self.sampler(logits, inputs.sampling, self._generators_for(inputs))  # (S,)
-        logprobs = token_logprobs(logits, inputs.sampling, tokens, inputs.sample_ids)
+        return self._drawn_step(inputs, tokens, token_logprobs(logits, inputs.sampling, tokens, inputs.sample_ids))
+
+    def _drawn_step(self, inputs: StepInputs, tokens: torch.Tensor, logprobs: PendingLogprobs | None) -> PendingStep:
         self._drawn, self._drawn_ids = tokens, inputs.sample_ids
         host_tokens, ready = to_host(tokens)
         return PendingStep(inputs.sample_ids, host_tokens, logprobs, ready)
+
+    def _argmax_only(self, inputs: StepInputs) -> bool:
+        """Whether every sampled row wants only its likeliest token (greedy_output.py)."""
+        constrained = self.grammars is not None and any(i in self.grammars for i in inputs.sample_ids)
+        return not constrained and argmax_only(inputs.sampling)
 
     def _fill_placeholders(self, inputs: StepInputs) -> PendingTokens:
         """Each PLACEHOLDER input becomes the token the last launched step drew for its request,
@@ -286,15 +302,29 @@ class ModelRunner:
         return self.graphs.padded_size(len(out.chunks)) or 0
 
     def _logits(self, inputs: StepInputs) -> torch.Tensor | None:  # (S, V) float32; None: nothing sampled
-        if self.decode_graphs is not None and len(inputs.sample_ids) == inputs.num_seqs:
-            logits = self.decode_graphs.logits(inputs.input_ids, inputs.positions, inputs.meta)
+        if self.decode_graphs is not None and self.decode_graphs.output_layer:
+            logits = self._through_graph(inputs)
             if logits is not None:
-                self.num_graph_steps += 1
                 return logits
+        states = self._final_states(inputs)
+        return None if states is None else self.model.compute_logits(states)
+
+    def _final_states(self, inputs: StepInputs) -> torch.Tensor | None:  # (S, C); None: nothing sampled
+        """The sampled rows' final hidden states, through a graph that ends at the final norm if one serves."""
+        if self.decode_graphs is not None and not self.decode_graphs.output_layer:
+            states = self._through_graph(inputs)
+            if states is not None:
+                return states
         hidden = self._forward(inputs)  # (T or padded B, C)
-        if not inputs.sample_ids:
+        return hidden[inputs.sample_rows] if inputs.sample_ids else None
+
+    def _through_graph(self, inputs: StepInputs) -> torch.Tensor | None:
+        """A decode step's output through the CPU graphs, where they cover it (every row sampled)."""
+        if len(inputs.sample_ids) != inputs.num_seqs:
             return None
-        return self.model.compute_logits(hidden[inputs.sample_rows])
+        out = self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        self.num_graph_steps += out is not None
+        return out
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:  # (T, C)
         meta = inputs.meta

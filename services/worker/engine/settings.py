@@ -61,6 +61,8 @@ class EngineSettings(CacheSharing):
     """CPU: keep the compiled decode graphs between starts (AOTInductor libraries, with such weights as the model does not hold: SmolLM2 float32's three take 0.55-1.1 GB; the most recently used up to 8 GiB in all, every one a running worker uses kept, in $DRIVETRAIN_CACHE/cpu-graphs, else ~/.cache/drivetrain/cpu-graphs): the next start of the same model loads them in seconds; off: compiled at every start"""
     cpu_attention_kernel: bool = True
     """CPU: decode attention through a C++ kernel (kernels/cpu_paged_decode.cpp, built with the compiler torch.compile uses, seconds once per machine) that reads the KV cache where it lies, 2-2.6x as fast as the compiled tensor operations where many sequences decode; off, or where it cannot be built: those operations in compiled steps, PyTorch's fused attention over gathered copies in eager ones"""
+    cpu_greedy_screen: bool = True
+    """CPU, float32 weights: rows decoded greedily with their logits untouched (no penalty, bias, grammar or log-probabilities) take the output layer in bfloat16 (oneDNN, where this CPU multiplies it), and only the few tokens whose float32 logit could still be the largest are rescored in float32 (kernels/cpu_greedy_output.cpp): the same token as every float32 logit, for about half the output layer's time (a fifth of a SmolLM2 step's arithmetic at 64 rows, of its bytes at one); off: every logit in float32"""
     cpu_threads: int = Field(default=0, ge=0)
     """CPU: threads for the model's math; 0: torch's default, one per core. Workers sharing a machine should split its cores (drivetrain up does): more threads than cores make every small operation wait"""
     fair_share: Literal["vtc", "fcfs"] = "vtc"

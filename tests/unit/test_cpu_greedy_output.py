@@ -1,0 +1,209 @@
+"""The greedy output layer on a CPU: a bfloat16 screen, then float32 for the tokens it leaves
+(kernels/cpu_greedy_output.cpp, services/worker/engine/greedy_output.py). The token must be the one
+every float32 logit gives, near-ties, odd sizes and non-finite rows included; an engine that uses it
+decodes the same tokens as one that does not, and only rows that want nothing but their argmax take it."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from kernels import cpu_greedy_output
+from services.worker.engine.cpu_linear import use_cpu_linear_
+from services.worker.engine.engine import Engine
+from services.worker.engine.greedy_output import GreedyOutput, argmax_only, greedy_output_for
+from services.worker.engine.model import LlamaModel
+from services.worker.engine.request import Request
+from services.worker.engine.sampling_params import SamplingParams
+from services.worker.engine.settings import EngineSettings
+from shared.models.shapes import SHAPES
+from tests.unit.engine_runs import finish
+
+pytestmark = pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+                                reason="this CPU's oneDNN does not multiply bfloat16")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built() -> None:
+    assert cpu_greedy_output.available()
+
+
+def exact_argmax(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # float64 logits' argmax
+    return (hidden.double() @ weight.double().T).argmax(dim=1)
+
+
+def random_layer(vocab: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(vocab, width, generator=generator) * 0.05, torch.randn(64, width, generator=generator) * 2
+
+
+@pytest.mark.parametrize("vocab, width", [(49152, 576), (1000, 64), (1037, 50), (7, 3), (1, 16)])
+def test_the_token_is_the_largest_exact_logit(vocab: int, width: int) -> None:
+    weight, hidden = random_layer(vocab, width, seed=vocab + width)
+    tokens = GreedyOutput(weight).tokens(hidden)
+    assert tokens.dtype == torch.int64 and tokens.shape == (64,)
+    exact = hidden.double() @ weight.double().T
+    chosen = exact.gather(1, tokens[:, None]).squeeze(1)
+    # float32's own sums may order two logits a few units of its last place apart differently
+    assert torch.all(exact.amax(dim=1) - chosen <= 1e-5 * (hidden.norm(dim=1).double() * weight.norm(dim=1).max()))
+    assert torch.equal(tokens, exact_argmax(hidden, weight)) or vocab > 1000  # a tie that close is rare
+
+
+def test_tokens_the_screen_cannot_tell_apart_are_rescored_in_float32() -> None:
+    """Each row's top two tokens lie ~1e-5 of a logit apart, far closer than bfloat16 can tell (their
+    weights round to the same bfloat16 values): the float32 winner, every time, whichever comes first."""
+    generator = torch.Generator().manual_seed(1)
+    width, vocab, rows = 576, 4096, 32
+    weight = torch.randn(vocab, width, generator=generator) * 0.01
+    hidden = torch.randn(rows, width, generator=generator)
+    expected = []
+    for row in range(rows):
+        favourite = (hidden[row] / hidden[row].norm()).bfloat16().float()  # exact in bfloat16
+        first, second = 100 + 2 * row, 101 + 2 * row
+        winner, loser = (first, second) if row % 2 == 0 else (second, first)
+        weight[loser] = favourite
+        nudge = 2e-4 * torch.sign(hidden[row]) / width * (favourite.abs() > 1e-3)  # under half of their last bit
+        weight[winner] = favourite + nudge
+        expected.append(winner)
+    assert torch.equal(weight[100:164:2].bfloat16(), weight[101:164:2].bfloat16())  # the screen sees ties
+    assert exact_argmax(hidden, weight).tolist() == expected
+    assert GreedyOutput(weight).tokens(hidden).tolist() == expected
+
+
+def test_logits_near_zero_whose_products_cancel_are_ranked_in_float32() -> None:
+    """Every token's weights nearly orthogonal to the state: logits 2e-5 apart, where rounding the inputs
+    to bfloat16 moves each by ~1e-3 (the bound's slack, not the output's rounding, must cover that)."""
+    generator = torch.Generator().manual_seed(7)
+    vocab, width = 2000, 256
+    screen_missed = 0
+    for _ in range(8):
+        hidden = torch.randn(1, width, generator=generator, dtype=torch.float64)
+        hidden *= 10 / hidden.norm()
+        weight = torch.randn(vocab, width, generator=generator, dtype=torch.float64) / width**0.5
+        weight -= (weight @ hidden.T) @ hidden / hidden.norm() ** 2  # orthogonal: logits 0
+        logits = torch.randperm(vocab, generator=generator, dtype=torch.float64) * 2e-5
+        weight += logits[:, None] * hidden / hidden.norm() ** 2
+        hidden, weight = hidden.float(), weight.float()
+        screen = (hidden.bfloat16().float() @ weight.bfloat16().float().T).argmax(dim=1)
+        exact = exact_argmax(hidden, weight)
+        assert exact.item() == logits.argmax().item()
+        assert GreedyOutput(weight).tokens(hidden).tolist() == exact.tolist()
+        screen_missed += screen.item() != exact.item()
+    assert screen_missed >= 4  # the case is one the bfloat16 product alone gets wrong
+
+
+def test_equal_logits_give_the_first_token_as_argmax_does() -> None:
+    weight, hidden = random_layer(300, 32, seed=2)
+    weight[250] = weight[40] = weight[7] = hidden[0] / 4  # row 0's favourite, three times over
+    tokens = GreedyOutput(weight).tokens(hidden[:1])
+    assert tokens.tolist() == [7]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_row_that_is_not_finite_picks_as_argmax_over_float32_logits(bad: float) -> None:
+    weight, hidden = random_layer(500, 40, seed=3)
+    hidden[1, 5] = bad
+    tokens = GreedyOutput(weight).tokens(hidden[:3])
+    assert tokens.tolist() == (hidden[:3] @ weight.T).argmax(dim=1).tolist()
+
+
+def test_no_rows_no_tokens() -> None:
+    weight, hidden = random_layer(100, 16, seed=4)
+    assert GreedyOutput(weight).tokens(hidden[:0]).shape == (0,)
+
+
+def test_a_screen_row_of_nan_is_rescored_over_every_token() -> None:
+    weight, hidden = random_layer(100, 16, seed=5)
+    norms = weight.norm(dim=1)
+    screen = (hidden @ weight.T).bfloat16()
+    screen[0, 3] = float("nan")
+    tokens = cpu_greedy_output.screened_argmax(screen, hidden, weight, norms)
+    assert tokens.tolist() == (hidden @ weight.T).argmax(dim=1).tolist()
+
+
+@pytest.mark.parametrize("case", ["screen dtype", "rows", "width", "vocab", "norms", "empty vocab"])
+def test_bad_arguments_raise_not_crash(case: str) -> None:
+    weight, hidden = random_layer(100, 16, seed=6)
+    args = {"screen": (hidden @ weight.T).bfloat16(), "hidden": hidden, "weight": weight, "norms": weight.norm(dim=1)}
+    if case == "screen dtype":
+        args["screen"] = args["screen"].float()
+    elif case == "rows":
+        args["hidden"] = hidden[:3]
+    elif case == "width":
+        args["weight"] = weight[:, :8].contiguous()
+    elif case == "vocab":
+        args["weight"] = weight[:50].contiguous()
+    elif case == "norms":
+        args["norms"] = args["norms"][:10]
+    else:
+        args = {"screen": args["screen"][:, :0], "hidden": hidden, "weight": weight[:0], "norms": weight[:0, 0]}
+    with pytest.raises(RuntimeError):
+        cpu_greedy_output.screened_argmax(**args)
+
+
+def test_the_slack_covers_bfloat16s_rounding_of_both_inputs() -> None:
+    assert 2 * 2.0**-9 < cpu_greedy_output.slack(576) < 2 * 2.0**-9 * 1.05
+    assert cpu_greedy_output.slack(4096) > cpu_greedy_output.slack(576)
+
+
+def test_only_rows_that_want_nothing_but_their_argmax_take_it() -> None:
+    plain = SamplingParams(temperature=0.0)
+    assert argmax_only([plain, plain]) and argmax_only([])
+    for other in (SamplingParams(temperature=0.7), SamplingParams(temperature=0.0, logprobs=0),
+                  SamplingParams(temperature=0.0, repetition_penalty=1.2),
+                  SamplingParams(temperature=0.0, logit_bias=((5, 3.0),)),
+                  SamplingParams(temperature=0.0, min_tokens=4)):
+        assert not argmax_only([plain, other])
+
+
+@pytest.fixture(scope="module")
+def tied() -> LlamaModel:
+    """The `tiny` shape, tied as shipped, with strong projections so that every output depends on the context."""
+    model = LlamaModel(SHAPES["tiny"])
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.fill_(1.0) if name.endswith("norm.weight") else param.normal_(
+                0.0, 0.2 if "proj" in name else 1.0, generator=generator)
+    return model.eval()
+
+
+def engine_of(model: LlamaModel, screen: bool) -> Engine:
+    return Engine(use_cpu_linear_(copy.deepcopy(model)), EngineSettings(num_kv_blocks=64, cpu_greedy_screen=screen), 512,
+                  eos_token_ids=())
+
+
+def screened_steps(engine: Engine, requests: list[Request]) -> tuple[list[list[int]], int]:
+    """The requests' tokens, and how many times the screen ran."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        tokens = finish(engine, requests)
+    return tokens, sum(event.name == "drivetrain::screened_argmax" for event in profile.events())
+
+
+def test_an_engine_with_the_screen_decodes_the_tokens_of_one_without(tied: LlamaModel, one_torch_thread) -> None:
+    with_screen, without = engine_of(tied, True), engine_of(tied, False)
+    assert greedy_output_for(with_screen.runner.model) is not None and with_screen.runner.greedy_output is not None
+    assert without.runner.greedy_output is None
+    greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    prompts = [list(range(3 + i, 40 + 3 * i)) for i in range(6)]
+    ours, screened = screened_steps(with_screen, [Request(f"g{i}", p, greedy) for i, p in enumerate(prompts)])
+    theirs, none = screened_steps(without, [Request(f"g{i}", p, greedy) for i, p in enumerate(prompts)])
+    assert ours == theirs and screened >= greedy.max_tokens and none == 0
+
+
+def test_rows_that_want_more_than_their_argmax_take_every_logit(tied: LlamaModel, one_torch_thread) -> None:
+    engine = engine_of(tied, True)
+    for params in (SamplingParams(max_tokens=8, temperature=0.8, seed=3),
+                   SamplingParams(max_tokens=8, temperature=0.0, logprobs=2, ignore_eos=True),
+                   SamplingParams(max_tokens=8, temperature=0.0, repetition_penalty=1.3, ignore_eos=True)):
+        _, screened = screened_steps(engine, [Request("x", list(range(5, 30)), params)])
+        assert screened == 0, params
+    # one such row among greedy ones: the whole step takes every logit
+    plain = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    mixed = [Request("a", list(range(5, 30)), plain), Request("b", list(range(9, 40)), dataclasses.replace(
+        plain, logprobs=1))]
+    _, screened = screened_steps(engine, mixed)
+    assert screened == 0
