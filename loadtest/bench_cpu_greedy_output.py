@@ -9,11 +9,11 @@ The tokens of both are compared on every call timed.
 
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 from pathlib import Path
 
+import kernel_bench
 import torch
 from bench_report import median_seconds, paired_bars, write_and_report
 from safetensors.torch import load_file
@@ -24,7 +24,6 @@ from services.worker.engine.greedy_output import GreedyOutput
 from services.worker.engine.sampler import argmax_rows
 from shared.models.smollm2 import smollm2_folder
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ROWS = [1, 16, 64]
 STATE_NORM = 47.0  # SmolLM2's final states, over its own answers
 
@@ -55,15 +54,9 @@ def measure(weight: torch.Tensor, rows: int, rounds: int, repeats: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--repeats", type=int, default=9, help="calls timed per round (the median kept)")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", type=Path, default=RESULTS / "cpu_greedy_output.json")
-    args = parser.parse_args()
+    args = kernel_bench.arguments(__doc__, "cpu_greedy_output.json")
     if not cpu_greedy_output.available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        parser.error("the greedy output kernel does not build here, or this CPU's oneDNN has no bfloat16")
-    torch.set_num_threads(args.threads)
+        raise SystemExit("the greedy output kernel does not build here, or this CPU's oneDNN has no bfloat16")
     weight = output_weight()
     cases = [measure(weight, rows, args.rounds, args.repeats) for rows in ROWS]
     for case in cases:
