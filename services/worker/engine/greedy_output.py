@@ -38,9 +38,11 @@ def greedy_output_for(model: LlamaModel) -> GreedyOutput | None:
     """The screen for a float32 model on a CPU whose oneDNN multiplies bfloat16, whose output layer is
     oneDNN's (cpu_linear.py) and tied to the embedding (whose dense weight the rescoring reads), once the
     kernel builds; None elsewhere."""
+    if not isinstance(model, LlamaModel) or not isinstance(model.lm_head, CpuLinear):
+        return None
     weight = model.embed_tokens.weight
-    if (weight.device.type != "cpu" or weight.dtype != torch.float32 or not isinstance(model.lm_head, CpuLinear)
-            or not model.config.tie_word_embeddings or not torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+    if (weight.device.type != "cpu" or weight.dtype != torch.float32 or not model.config.tie_word_embeddings
+            or not torch.ops.mkldnn._is_mkldnn_bf16_supported()):
         return None
     return GreedyOutput(weight) if cpu_greedy_output.available() else None
 
