@@ -60,8 +60,8 @@ def main() -> int:
     weight = output_weight()
     cases = [measure(weight, rows, args.rounds, args.repeats) for rows in ROWS]
     for case in cases:
-        print(f"{case['rows']} rows: every logit {case['every_logit_ms']:.2f} ms, screened {case['screened_ms']:.2f} ms "
-              f"({case['screened_over_every_logit']:.2f})")
+        print(f"{case['rows']} rows: every logit {case['every_logit_ms']:.2f} ms, "
+              f"screened {case['screened_ms']:.2f} ms ({case['screened_over_every_logit']:.2f})")
     worst = max(case["screened_over_every_logit"] for case in cases)
     results = {
         "meta": {"threads": args.threads, "rounds": args.rounds, "repeats": args.repeats, "cpu": platform.processor(),

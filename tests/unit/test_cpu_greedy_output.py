@@ -172,8 +172,8 @@ def tied() -> LlamaModel:
 
 
 def engine_of(model: LlamaModel, screen: bool) -> Engine:
-    return Engine(use_cpu_linear_(copy.deepcopy(model)), EngineSettings(num_kv_blocks=64, cpu_greedy_screen=screen), 512,
-                  eos_token_ids=())
+    settings = EngineSettings(num_kv_blocks=64, cpu_greedy_screen=screen)
+    return Engine(use_cpu_linear_(copy.deepcopy(model)), settings, 512, eos_token_ids=())
 
 
 def screened_steps(engine: Engine, requests: list[Request]) -> tuple[list[list[int]], int]:
