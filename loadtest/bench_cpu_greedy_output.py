@@ -9,7 +9,6 @@ The tokens of both are compared on every call timed.
 
 from __future__ import annotations
 
-import platform
 import statistics
 from pathlib import Path
 
@@ -64,8 +63,7 @@ def main() -> int:
               f"screened {case['screened_ms']:.2f} ms ({case['screened_over_every_logit']:.2f})")
     worst = max(case["screened_over_every_logit"] for case in cases)
     results = {
-        "meta": {"threads": args.threads, "rounds": args.rounds, "repeats": args.repeats, "cpu": platform.processor(),
-                 "capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__},
+        "meta": kernel_bench.meta(args),
         "cases": cases,
         "targets": {"screened_over_every_logit_worst": {"value": worst, "target": "<= 0.75", "met": worst <= 0.75}},
     }

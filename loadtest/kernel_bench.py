@@ -74,6 +74,12 @@ def through_an_engine(kernels: ModuleType, rounds: int) -> list[dict]:
     return cases
 
 
+def meta(args: argparse.Namespace) -> dict:
+    """What a result was measured on and with: the arguments `arguments` parsed, the CPU, PyTorch."""
+    return {"threads": args.threads, "rounds": args.rounds, "repeats": args.repeats, "cpu": platform.processor(),
+            "capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}
+
+
 def report(args: argparse.Namespace, layer: list[dict], layer_labels: list[str], prompt: list[dict], target: str,
            legend: tuple[str, str], title: str) -> None:
     """Print the engine cases, then write the results (the layer cases, labelled, and the engine's) with
@@ -83,8 +89,7 @@ def report(args: argparse.Namespace, layer: list[dict], layer_labels: list[str],
               f"{case['references_ms']:.0f} -> {case['kernels_ms']:.0f} ms ({case['kernels_over_references']:.2f})")
     worst = max(case["kernels_over_references"] for case in layer + prompt)
     results = {
-        "meta": {"threads": args.threads, "rounds": args.rounds, "repeats": args.repeats, "cpu": platform.processor(),
-                 "capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__},
+        "meta": meta(args),
         "layer": layer,
         "prompt": prompt,
         "targets": {target: {"value": worst, "target": "<= 1.0", "met": worst <= 1.0}},
