@@ -74,8 +74,9 @@ class DrivetrainPeer:
         self.settings = settings
         self._count = 0
 
-    def run(self, prompts: list[list[int]], new_tokens: int) -> Run:
-        sampling = SamplingParams(max_tokens=new_tokens, temperature=0.0)
+    def run(self, prompts: list[list[int]], new_tokens: int, temperature: float = 0.0) -> Run:
+        """temperature: 0, greedy, as every peer is asked for; above it, sampled (bench_sampler.py)."""
+        sampling = SamplingParams(max_tokens=new_tokens, temperature=temperature)
         requests = []
         for prompt in prompts:
             self._count += 1

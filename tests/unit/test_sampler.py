@@ -1,9 +1,20 @@
-"""Sampler: greedy, temperature, top-k, top-p and seeds; SamplingParams validation."""
+"""Sampler: greedy, temperature, top-k, top-p and seeds; the inverse-CDF draw, its C++ kernel against
+its reference; SamplingParams validation."""
+
+import math
 
 import pytest
 import torch
 
-from services.worker.engine.sampler import ARGMAX_CHUNK, Sampler, argmax_rows, make_generator
+from kernels import cpu_inverse_cdf
+from services.worker.engine.sampler import (
+    ARGMAX_CHUNK,
+    Sampler,
+    argmax_rows,
+    inverse_cdf,
+    inverse_cdf_ref,
+    make_generator,
+)
 from services.worker.engine.sampling_params import SamplingParams
 
 V = 1000
@@ -115,6 +126,79 @@ def test_seeded_requests_repeat_whatever_shares_the_batch() -> None:
     assert len(set(first)) > 1  # it really samples
     other = [int(sampler(logits[s % 4 : s % 4 + 1], [params], [make_generator(99, "cpu")])[0]) for s in range(20)]
     assert other != first
+
+
+def test_a_seeded_row_draws_one_number_a_step() -> None:
+    """Its generator moves by one uniform number a step, not one a token: sampling costs the same
+    whatever the vocabulary, and a seed's stream is the rows' own."""
+    generator, twin = make_generator(7, "cpu"), make_generator(7, "cpu")
+    Sampler()(random_logits(1), [SamplingParams(temperature=1.0, seed=7)], [generator])
+    torch.rand((), dtype=torch.float64, generator=twin)
+    assert torch.equal(generator.get_state(), twin.get_state())
+
+
+DRAWS = {"kernel": inverse_cdf, "reference": inverse_cdf_ref}
+
+
+@pytest.fixture(scope="module")
+def kernel_built() -> None:
+    assert cpu_inverse_cdf.available()  # make test installs what building it takes
+
+
+@pytest.mark.parametrize("draw", DRAWS.values(), ids=DRAWS.keys())
+def test_the_draw_picks_the_token_whose_share_holds_it(draw, kernel_built) -> None:
+    logits = torch.tensor([0.6, 0.3, 0.1, 0.0]).log().expand(6, 4).contiguous()  # the last: -inf, weight 0
+    drawn = torch.tensor([0.0, 0.59, 0.61, 0.89, 0.95, 1 - 2.0**-53], dtype=torch.float64)
+    assert draw(logits, torch.ones(6), drawn).tolist() == [0, 0, 1, 1, 2, 2]  # never the token of weight 0
+    gaps = torch.tensor([[float("-inf"), 0.0, float("-inf"), 0.0]] * 3)  # weight only at 1 and 3
+    ends = torch.tensor([0.0, 0.5, 1 - 2.0**-53], dtype=torch.float64)
+    assert draw(gaps, torch.ones(3), ends).tolist() == [1, 3, 3]
+
+
+@pytest.mark.parametrize("width", [1, 7, 63, 64, 65, 1000, 49152])
+def test_the_kernel_draws_what_the_reference_draws(width: int, kernel_built) -> None:
+    generator = torch.Generator().manual_seed(width)
+    logits = torch.randn(48, width, generator=generator) * 4
+    logits[3, : width // 2] = float("-inf")  # a top-k or top-p mask
+    inverse = torch.rand(48, generator=generator) * 3 + 0.1
+    drawn = torch.rand(48, dtype=torch.float64, generator=generator)
+    assert torch.equal(inverse_cdf(logits, inverse, drawn), inverse_cdf_ref(logits, inverse, drawn))
+
+
+@pytest.mark.parametrize("draw", DRAWS.values(), ids=DRAWS.keys())
+def test_a_row_that_is_not_finite_gets_a_token_in_range(draw, kernel_built) -> None:
+    nan, inf = float("nan"), float("inf")
+    logits = torch.tensor([[1.0, nan, 2.0], [-inf, -inf, -inf], [inf, 0.0, 0.0], [nan, nan, nan]])
+    tokens = draw(logits, torch.ones(4), torch.full((4,), 0.5, dtype=torch.float64))
+    assert ((tokens >= 0) & (tokens < 3)).all()
+
+
+def test_a_tiny_temperature_is_greedy(kernel_built) -> None:
+    logits = random_logits(8, seed=9)
+    for top_p in (1.0, 0.5):
+        tokens = Sampler()(logits, [SamplingParams(temperature=1e-45, top_p=top_p)] * 8)
+        assert torch.equal(tokens, logits.argmax(-1))
+
+
+def test_the_least_likely_tokens_keep_their_share() -> None:
+    """49,151 tokens of one part in 10^6 each after one that holds the rest: a draw at the middle of
+    every 4,096th one's share picks it, with the whole vocabulary's sums to walk past."""
+    width, tiny = 49152, 1e-6
+    logits = torch.full((1, width), math.log(tiny))
+    logits[0, 0] = math.log(1 - tiny * (width - 1))
+    edges = torch.tensor([1 - tiny * (width - 1) + tiny * k + tiny / 2 for k in range(0, width - 1, 4096)])
+    for draw in DRAWS.values():
+        tokens = draw(logits.expand(len(edges), width).contiguous(), torch.ones(len(edges)), edges.double())
+        assert tokens.tolist() == list(range(1, width, 4096))
+
+
+def test_the_kernel_refuses_bad_arguments(kernel_built) -> None:
+    ok = {"logits": torch.zeros(2, 5), "inv_temperature": torch.ones(2), "drawn": torch.zeros(2, dtype=torch.float64)}
+    for bad in ({"logits": torch.zeros(2, 5, dtype=torch.float64)}, {"logits": torch.zeros(2, 0)},
+                {"logits": torch.zeros(2, 10)[:, ::2]}, {"inv_temperature": torch.ones(3)},
+                {"drawn": torch.zeros(2)}, {"drawn": torch.zeros(2, 1, dtype=torch.float64)}):
+        with pytest.raises(RuntimeError):
+            cpu_inverse_cdf.inverse_cdf(**{**ok, **bad})
 
 
 def test_seed_without_generator_is_refused() -> None:
