@@ -14,6 +14,7 @@ from services.worker.engine.sampler import (
     inverse_cdf,
     inverse_cdf_ref,
     make_generator,
+    nucleus,
 )
 from services.worker.engine.sampling_params import SamplingParams
 
@@ -96,6 +97,26 @@ def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
     counts = torch.bincount(tokens, minlength=4)
     assert counts[2] == 0 and counts[3] == 0  # 0.5 + 0.3 already reaches 0.75
     assert 0.55 < counts[0] / 3000 < 0.70  # renormalised: 0.5 / 0.8 = 0.625
+
+
+def test_the_nucleus_widens_past_its_first_candidates_when_a_row_needs_it() -> None:
+    """Each row's kept tokens are the ones a full sort keeps: a nearly flat row whose top-p holds
+    thousands, a peaked one that holds a few, top-k alone (100, and 3), both."""
+    width = 6000
+    generator = torch.Generator().manual_seed(11)
+    logits = torch.stack([-torch.linspace(0, 0.01, width), torch.randn(width, generator=generator) * 6,
+                          torch.randn(width, generator=generator), torch.randn(width, generator=generator),
+                          torch.randn(width, generator=generator) * 3])
+    inverse = torch.tensor([1.0, 1 / 0.7, 1.0, 2.0, 1.5])
+    top_k = torch.tensor([width, width, 100, 3, 500])
+    top_p = torch.tensor([0.5, 0.9, 1.0, 1.0, 0.8])
+    kept, tokens = nucleus(logits, inverse, top_k, top_p)
+    for row in range(5):
+        probs, order = torch.softmax(logits[row] * inverse[row], dim=-1).sort(descending=True)
+        want = (torch.arange(width) < top_k[row]) & (probs.cumsum(0) - probs < top_p[row])
+        got = tokens[row][kept[row] > float("-inf")]
+        assert set(got.tolist()) == set(order[want].tolist())
+    assert (kept[0] > float("-inf")).sum() > 2000  # past 64 and 512 candidates
 
 
 def test_temperature_sampling_follows_the_distribution() -> None:

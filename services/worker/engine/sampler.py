@@ -12,6 +12,7 @@ from services.worker.engine.sampling_params import SamplingParams
 # The width of the chunks argmax_rows cuts a row into.
 ARGMAX_CHUNK = 1024
 FLOAT32_MAX = torch.finfo(torch.float32).max
+FIRST_CANDIDATES = 64  # a top-k or top-p row's likeliest tokens looked at first (see nucleus)
 
 
 def make_generator(seed: int, device: str | torch.device) -> torch.Generator:
@@ -87,9 +88,33 @@ def inverse_cdf_ref(logits: torch.Tensor, inv_temperature: torch.Tensor, drawn: 
     return torch.minimum(picked, last).clamp_(max=logits.shape[-1] - 1).squeeze(1)
 
 
+def nucleus(
+    logits: torch.Tensor,  # (R, V)
+    inv_temperature: torch.Tensor,  # (R,)
+    top_k: torch.Tensor,  # (R,) int64, 1..V
+    top_p: torch.Tensor,  # (R,) in (0, 1]
+) -> tuple[torch.Tensor, torch.Tensor]:  # (R, W) the candidates' logits, -inf where cut; (R, W) their tokens
+    """Each row's top_k likeliest tokens, of which those while the probability before them is under
+    top_p (the first always stays). The candidates are the W likeliest, W widened eightfold until every
+    row's cut falls among them: sorting 64 rows of SmolLM2's vocabulary took 118 ms, their likeliest 64
+    3 ms (2-core Zen 4), and a nucleus of 0.9 at temperature 0.7 is mostly a few dozen tokens."""
+    vocab = logits.shape[1]
+    scaled = scaled_from_max(logits, inv_temperature)  # (R, V)
+    log_total = torch.logsumexp(scaled, dim=-1, keepdim=True)  # (R, 1)
+    width = min(vocab, FIRST_CANDIDATES)
+    while True:
+        values, tokens = scaled.topk(width, dim=-1)  # (R, W) each, most likely first
+        probs = torch.exp(values - log_total)
+        mass_before = probs.cumsum(dim=-1) - probs
+        keep = (torch.arange(width, device=logits.device)[None, :] < top_k[:, None]) & (mass_before < top_p[:, None])
+        if width == vocab or not keep[:, -1].any():  # every row cut before its last candidate
+            return logits.gather(1, tokens).masked_fill_(~keep, float("-inf")), tokens
+        width = min(vocab, width * 8)
+
+
 class Sampler:
-    """Vectorised over the batch: one sort for all rows where any has top-k or top-p; only seeded rows
-    draw their number row by row, from their own generators."""
+    """Vectorised over the batch; rows with top-k or top-p draw among their likeliest tokens only (see
+    nucleus); only seeded rows draw their number row by row, from their own generators."""
 
     @torch.no_grad()
     def __call__(
@@ -111,25 +136,15 @@ class Sampler:
         inverse = [min(1.0 / (p.temperature or 1.0), FLOAT32_MAX) for p in params]
         inv_temperature = on_device(inverse, torch.float32, device)
 
-        use_top_k = any(p.top_k > 0 for p in params)
-        use_top_p = any(p.top_p < 1.0 for p in params)
-        order = None
-        if use_top_k or use_top_p:
-            logits, order = logits.sort(dim=-1, descending=True)  # (N, V) each, most likely first
-            keep = torch.ones_like(logits, dtype=torch.bool)
-            if use_top_k:
-                vocab = logits.shape[1]
-                k = on_device([p.top_k if p.top_k > 0 else vocab for p in params], torch.int64, device)
-                keep &= torch.arange(vocab, device=device)[None, :] < k[:, None]
-            if use_top_p:
-                top_p = on_device([p.top_p for p in params], torch.float32, device)
-                probs = torch.softmax(scaled_from_max(logits, inv_temperature), dim=-1)
-                # Keep a token while the mass strictly before it is under top_p: the first always stays.
-                mass_before = probs.cumsum(dim=-1) - probs
-                keep &= mass_before < top_p[:, None]
-            logits = logits.masked_fill(~keep, float("-inf"))
-
-        picked = inverse_cdf(logits, inv_temperature, uniforms(params, generators, device))  # (N,), maybe sorted
-        if order is not None:
-            picked = order.gather(1, picked[:, None]).squeeze(1)
+        drawn = uniforms(params, generators, device)
+        picked = inverse_cdf(logits, inv_temperature, drawn)  # (N,): right for the rows that cut nothing
+        cutting = [row for row, p in enumerate(params) if p.top_k > 0 or p.top_p < 1.0]
+        if cutting:
+            rows = on_device(cutting, torch.int64, device)
+            vocab = logits.shape[1]
+            top_k = on_device([params[r].top_k or vocab for r in cutting], torch.int64, device)
+            top_p = on_device([params[r].top_p for r in cutting], torch.float32, device)
+            kept, tokens = nucleus(logits.index_select(0, rows), inv_temperature[rows], top_k, top_p)
+            chosen = inverse_cdf(kept, inv_temperature[rows], drawn[rows])  # (R,) into each row's candidates
+            picked = picked.index_copy(0, rows, tokens.gather(1, chosen[:, None]).squeeze(1))
         return torch.where(is_greedy, greedy_tokens, picked)
