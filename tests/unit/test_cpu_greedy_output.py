@@ -14,7 +14,12 @@ import torch
 from kernels import cpu_greedy_output
 from services.worker.engine.cpu_linear import use_cpu_linear_
 from services.worker.engine.engine import Engine
-from services.worker.engine.greedy_output import GreedyOutput, argmax_only, greedy_output_for
+from services.worker.engine.greedy_output import (
+    GRAPH_ROWS_SCREENED_FROM,
+    GreedyOutput,
+    argmax_only,
+    greedy_output_for,
+)
 from services.worker.engine.model import LlamaModel
 from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
@@ -207,3 +212,33 @@ def test_rows_that_want_more_than_their_argmax_take_every_logit(tied: LlamaModel
         plain, logprobs=1))]
     _, screened = screened_steps(engine, mixed)
     assert screened == 0
+
+
+def test_compiled_steps_of_few_rows_keep_the_output_layer_and_steps_of_more_are_screened(
+        tied: LlamaModel, one_torch_thread) -> None:
+    """A few rows' graph ends with the output layer, read there faster than the screen reads its own;
+    a graph of more rows ends at the final norm, and its steps take the screen, or, sampled, the
+    output layer after the graph. Either way the tokens of an engine without the screen."""
+    settings = EngineSettings(num_kv_blocks=64, cpu_compile="on", cpu_graph_store=False)
+    compiled = Engine(use_cpu_linear_(copy.deepcopy(tied)), settings, 512, eos_token_ids=())
+    graphs = compiled.runner.decode_graphs
+    assert graphs is not None and not graphs.failed and graphs.output_layers == (True, False)
+    assert [graphs.ends_with_logits(rows) for rows in (1, GRAPH_ROWS_SCREENED_FROM - 1, GRAPH_ROWS_SCREENED_FROM)] == [
+        True, True, False]
+    plain = engine_of(tied, False)
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    for rows, screened_steps_at_least, screened_steps_at_most in ((1, 0, 1), (GRAPH_ROWS_SCREENED_FROM, 8, 99)):
+        prompts = [list(range(3 + i, 30 + 2 * i)) for i in range(rows)]
+        before = compiled.load().graph_steps
+        ours, screened = screened_steps(compiled, [Request(f"c{rows}.{i}", p, greedy) for i, p in enumerate(prompts)])
+        theirs, _ = screened_steps(plain, [Request(f"p{rows}.{i}", p, greedy) for i, p in enumerate(prompts)])
+        assert ours == theirs
+        assert screened_steps_at_least <= screened <= screened_steps_at_most  # a few rows: the prompt step only
+        assert compiled.load().graph_steps >= before + greedy.max_tokens - 1
+    sampled = SamplingParams(max_tokens=8, temperature=0.9, seed=5, ignore_eos=True)
+    wide = [Request(f"s{i}", list(range(7 + i, 33 + i)), sampled) for i in range(GRAPH_ROWS_SCREENED_FROM)]
+    before = compiled.load().graph_steps
+    tokens, screened = screened_steps(compiled, wide)
+    assert screened == 0 and all(len(t) == 8 for t in tokens)
+    assert compiled.load().graph_steps >= before + sampled.max_tokens - 1
+

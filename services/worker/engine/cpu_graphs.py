@@ -279,18 +279,20 @@ def _plans(model: LlamaModel) -> tuple[GraphPlan, ...]:
 class CpuDecodeGraphs:
     """Owns the compiled decode graphs of one model over one KV cache; `run` runs a step through them
     once they are ready, and never compiles on the caller's thread. store: where the compiled libraries
-    are kept between starts (None: rebuilt at every start). Without output_layer, the graphs end at the
-    final norm, for a caller that applies the output layer itself (greedy_output.py)."""
+    are kept between starts (None: rebuilt at every start). states_from_rows: the graphs of plans whose
+    steps all have at least this many rows end at the final norm, for a caller that applies the output
+    layer itself (greedy_output.py); None: every graph ends with the output layer."""
 
     def __init__(self, model: LlamaModel, kv_caches: list[KVCache], block_size: int, *,
-                 attention_kernel: bool, store: Path | None, output_layer: bool = True) -> None:
+                 attention_kernel: bool, store: Path | None, states_from_rows: int | None = None) -> None:
         self.model = model
-        self.output_layer = output_layer
         self.kv_caches = kv_caches
         self.attention_kernel = attention_kernel  # the C++ kernel, built already; else tensor operations
         self.block_size = block_size
         self.store = store
         self.plans = _plans(model)
+        fewest_rows = [1] + [plan.max_rows + 1 for plan in self.plans[:-1]]  # each plan's smallest step
+        self.output_layers = tuple(states_from_rows is None or rows < states_from_rows for rows in fewest_rows)
         self.libraries: list[list[DecodeLibrary]] = []  # per plan, a graph per warm-up batch
         self.compiled: list[nn.Module] = []  # per plan, its torch.compile module: weights that do not export
         self.ready = threading.Event()
@@ -353,16 +355,17 @@ class CpuDecodeGraphs:
         on, the step is the same graph (export refuses a size it cannot leave free), and only a build
         traces it again at its plan's own warm-up batch, whose sizes inductor takes as hints. SmolLM2
         float32's two-row and eight-row traces had the same key; a trace takes ~6 s on two cores."""
-        step = _ExportedStep(_sharing_weights(self.model), self.output_layer)
+        model = _sharing_weights(self.model)
         shared = SharedWeights(named_tensors_of(self.model))
-        traced: dict[bool, tuple[int, ExportedProgram]] = {}  # one row or more: (batch traced at, program)
-        for plan in self.plans:
+        traced: dict[tuple[bool, bool], tuple[int, ExportedProgram]] = {}  # (one row, output layer): (batch, program)
+        for plan, output_layer in zip(self.plans, self.output_layers, strict=True):
+            step = _ExportedStep(model, output_layer)
             libraries = []
             for batch in plan.warmup_batches:
-                one_row = batch == 1
-                if one_row not in traced:
-                    traced[one_row] = batch, self._export(step, batch)
-                traced_at, program = traced[one_row]
+                key = batch == 1, output_layer
+                if key not in traced:
+                    traced[key] = batch, self._export(step, batch)
+                traced_at, program = traced[key]
                 trace_to_build = None if traced_at == batch else functools.partial(self._export, step, batch)
                 with compiling(plan, digest):
                     library = load_or_build(self.store, program, digest, plan.inductor_options,
@@ -398,8 +401,8 @@ class CpuDecodeGraphs:
         # The weights are frozen into the graphs, so guards on the modules would only cost time: with
         # them, looking the graph up took 1.7 ms of a 24 ms SmolLM2 step.
         skip_module_guards = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        for plan in self.plans:
-            module = _DecodeLogits(self.model, self.output_layer)
+        for plan, output_layer in zip(self.plans, self.output_layers, strict=True):
+            module = _DecodeLogits(self.model, output_layer)
             compiled = torch.compile(module, dynamic=True, options=skip_module_guards)
             with compiling(plan, None):
                 for batch in plan.warmup_batches:
@@ -409,6 +412,10 @@ class CpuDecodeGraphs:
     def plan_for(self, rows: int) -> int:
         """The index of the plan (and compiled module) a step of `rows` rows runs."""
         return next(i for i, plan in enumerate(self.plans) if plan.max_rows is None or rows <= plan.max_rows)
+
+    def ends_with_logits(self, rows: int) -> bool:
+        """Whether a step of `rows` rows gives logits through its graph, not final states."""
+        return self.output_layers[self.plan_for(rows)]
 
     def _warmup_args(self, batch: int) -> tuple:
         """A batch whose tokens all write into the null block (which no request reads unmasked)."""
@@ -425,7 +432,7 @@ class CpuDecodeGraphs:
         return ids, torch.zeros(batch, dtype=torch.int64), group, self.kv_caches
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
-        """Every row's (N, V) float32 logits, or (N, C) final states without the output layer; or None
+        """Every row's (N, V) float32 logits, or (N, C) final states (see ends_with_logits); or None
         (the step then runs eagerly): the graphs are not ready, the step is not one decode group, or it
         has a shape they were not compiled for. Nothing is ever compiled on the caller's thread."""
         if not self.ready.is_set():

@@ -19,14 +19,19 @@ import numpy as np
 import psutil
 import torch
 
-from kernels import cpu_elementwise, cpu_paged_decode, cpu_prefill_attention
+from kernels import cpu_elementwise, cpu_inverse_cdf, cpu_paged_decode, cpu_prefill_attention
 from services.worker.engine.attention import AttentionMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
 from services.worker.engine.cpu_graphs import CpuDecodeGraphs
 from services.worker.engine.cuda_graphs import CudaGraphRunner
 from services.worker.engine.grammar_mask import apply_token_bitmask
 from services.worker.engine.grammar_matchers import GrammarMatchers
-from services.worker.engine.greedy_output import GreedyOutput, argmax_only, greedy_output_for
+from services.worker.engine.greedy_output import (
+    GRAPH_ROWS_SCREENED_FROM,
+    GreedyOutput,
+    argmax_only,
+    greedy_output_for,
+)
 from services.worker.engine.host_values import on_device
 from services.worker.engine.kv_cache_manager import cdiv
 from services.worker.engine.logits_processors import PendingTokens, process_logits
@@ -221,6 +226,8 @@ class ModelRunner:
         # Decided (and the kernel built) before any step runs or graph is traced: both call whichever it is.
         self.cpu_attention_kernel = (self.device.type == "cpu" and config.cpu_attention_kernel
                                      and cpu_paged_decode.supports(model.config.head_dim, self.kv_dtype))
+        if self.device.type == "cpu":
+            cpu_inverse_cdf.available()  # built now, not in the first sampled request's step
         if self.device.type == "cpu" and self.dtype == torch.float32:
             cpu_elementwise.available()  # built now, not in the first request's prompt step
             cpu_prefill_attention.available()
@@ -236,7 +243,8 @@ class ModelRunner:
             self.decode_graphs = CpuDecodeGraphs(model, self.kv_caches, self.block_size,
                                                  attention_kernel=self.cpu_attention_kernel,
                                                  store=config.cpu_graph_store,
-                                                 output_layer=self.greedy_output is None)
+                                                 states_from_rows=None if self.greedy_output is None
+                                                 else GRAPH_ROWS_SCREENED_FROM)
             self.decode_graphs.start(background=config.cpu_compile == "background")
         log.info("KV cache: %d blocks of %d tokens on %s", self.num_blocks, self.block_size, self.device)
 
@@ -252,7 +260,7 @@ class ModelRunner:
             return NOTHING_DRAWN
         inputs = self._to_device(prepare_inputs(out, self.block_size, self._graph_size(out)))
         pending = self._fill_placeholders(inputs) if len(inputs.placeholder_rows) else None
-        if self.greedy_output is not None and self._argmax_only(inputs):
+        if self._screened(inputs):
             states = self._final_states(inputs)  # (S, C)
             if states is None:
                 return NOTHING_DRAWN
@@ -274,10 +282,18 @@ class ModelRunner:
         host_tokens, ready = to_host(tokens)
         return PendingStep(inputs.sample_ids, host_tokens, logprobs, ready)
 
-    def _argmax_only(self, inputs: StepInputs) -> bool:
-        """Whether every sampled row wants only its likeliest token (greedy_output.py)."""
-        constrained = self.grammars is not None and any(i in self.grammars for i in inputs.sample_ids)
-        return not constrained and argmax_only(inputs.sampling)
+    def _screened(self, inputs: StepInputs) -> bool:
+        """Whether the step's token comes from the greedy screen (greedy_output.py): every sampled row
+        wants only its likeliest token, and no graph would give its logits (one ends at the final norm,
+        or the step runs eagerly, where the output layer is oneDNN's float32 product)."""
+        if self.greedy_output is None or not argmax_only(inputs.sampling):
+            return False
+        if self.grammars is not None and any(i in self.grammars for i in inputs.sample_ids):
+            return False
+        return self.decode_graphs is None or not self._graph_ends_with_logits(inputs)
+
+    def _graph_ends_with_logits(self, inputs: StepInputs) -> bool:
+        return self.decode_graphs.ends_with_logits(inputs.input_ids.shape[0])
 
     def _fill_placeholders(self, inputs: StepInputs) -> PendingTokens:
         """Each PLACEHOLDER input becomes the token the last launched step drew for its request,
@@ -302,19 +318,22 @@ class ModelRunner:
         return self.graphs.padded_size(len(out.chunks)) or 0
 
     def _logits(self, inputs: StepInputs) -> torch.Tensor | None:  # (S, V) float32; None: nothing sampled
-        if self.decode_graphs is not None and self.decode_graphs.output_layer:
-            logits = self._through_graph(inputs)
-            if logits is not None:
-                return logits
-        states = self._final_states(inputs)
+        if self.decode_graphs is not None:
+            out = self._through_graph(inputs)
+            if out is not None:
+                return out if self._graph_ends_with_logits(inputs) else self.model.compute_logits(out)
+        states = self._eager_states(inputs)
         return None if states is None else self.model.compute_logits(states)
 
     def _final_states(self, inputs: StepInputs) -> torch.Tensor | None:  # (S, C); None: nothing sampled
         """The sampled rows' final hidden states, through a graph that ends at the final norm if one serves."""
-        if self.decode_graphs is not None and not self.decode_graphs.output_layer:
+        if self.decode_graphs is not None and not self._graph_ends_with_logits(inputs):
             states = self._through_graph(inputs)
             if states is not None:
                 return states
+        return self._eager_states(inputs)
+
+    def _eager_states(self, inputs: StepInputs) -> torch.Tensor | None:  # (S, C); None: nothing sampled
         hidden = self._forward(inputs)  # (T or padded B, C)
         return hidden[inputs.sample_rows] if inputs.sample_ids else None
 
