@@ -1,9 +1,9 @@
 """The sampler on a CPU (services/worker/engine/sampler.py): one uniform number a row and the inverse-CDF
 kernel, against an exponential race (the sampler before it: a softmax, then an exponential draw for
 every token and the argmax of weight / draw). SmolLM2's vocabulary at 1, 16 and 64 rows, at the chat
-page's temperature (0.7) alone and with top-p 0.9; then the peer benchmark's 64 chats through a compiled
-float32 engine of SmolLM2's own weights, sampled at 0.7, with either sampler. Rounds taking turns,
-medians, the ratio paired per round.
+page's temperature (0.7) alone and with top-p 0.9; then the peer benchmark's one chat and its 64 chats,
+128 tokens each, through a compiled float32 engine of SmolLM2's own weights, sampled at 0.7, with either
+sampler. Rounds taking turns, medians, the ratio paired per round.
 
     python loadtest/bench_sampler.py --json loadtest/results/sampler_cpu.json
 """
@@ -18,14 +18,18 @@ import kernel_bench
 import torch
 from bench_report import median_seconds, paired_bars, write_and_report
 from peers_drivetrain import DrivetrainPeer, kv_blocks_for
+from peers_workloads import prompts_for, workloads
 
 from services.worker.engine.sampler import Sampler, argmax_rows
 from services.worker.engine.sampling_params import SamplingParams
+from shared.models.smollm2 import smollm2_folder
+from shared.models.tokenizer import Tokenizer
 
 VOCAB = 49152  # SmolLM2's
 ROWS = [1, 16, 64]
 CHAT_TEMPERATURE = 0.7  # the chat page's and the WebSocket protocol's default
-ENGINE_NEW_TOKENS = 32
+ENGINE_NEW_TOKENS = 128  # the peer benchmark's
+ENGINE_PROMPTS = ["decode_1", "concurrent_64"]  # its workloads: one chat, 64 at once
 
 
 class ExponentialRace:
@@ -78,9 +82,8 @@ def sampler_cases(rounds: int, repeats: int) -> list[dict]:
     return cases
 
 
-def engine_case(rounds: int) -> dict:
-    """The peer benchmark's 64 chats, ENGINE_NEW_TOKENS tokens each, sampled: the run's seconds."""
-    prompts = kernel_bench.peer_prompts()["concurrent_64"]
+def engine_case(prompts: list[list[int]], rounds: int) -> dict:
+    """The chats, ENGINE_NEW_TOKENS tokens each, sampled: the run's seconds, prompts included."""
     streams = [(len(prompt), ENGINE_NEW_TOKENS) for prompt in prompts]
     peer = DrivetrainPeer("float32+compile", max(map(len, prompts)) + ENGINE_NEW_TOKENS + 16,
                           kv_blocks_for(streams), len(prompts))
@@ -106,9 +109,12 @@ def main() -> int:
     for case in cases:
         print(f"{case['rows']} rows, top-p {case['top_p']}: exponential race {case['exponential_race_ms']:.2f} ms, "
               f"inverse CDF {case['inverse_cdf_ms']:.2f} ms ({case['inverse_cdf_over_exponential_race']:.3f})")
-    engine = engine_case(max(3, args.rounds // 2))
-    print(f"64 sampled chats through an engine: {engine['exponential_race_tok_s']:.0f} -> "
-          f"{engine['inverse_cdf_tok_s']:.0f} tok/s ({engine['inverse_cdf_over_exponential_race']:.3f} of the time)")
+    tokenizer = Tokenizer.from_folder(smollm2_folder())
+    table = workloads(quick=False)
+    engine = [engine_case(prompts_for(table[name], tokenizer), max(3, args.rounds // 2)) for name in ENGINE_PROMPTS]
+    for case in engine:
+        print(f"{case['streams']} sampled chat(s) through an engine: {case['exponential_race_tok_s']:.1f} -> "
+              f"{case['inverse_cdf_tok_s']:.1f} tok/s ({case['inverse_cdf_over_exponential_race']:.3f} of the time)")
     worst = max(case["inverse_cdf_over_exponential_race"] for case in cases)
     results = {
         "meta": kernel_bench.meta(args),

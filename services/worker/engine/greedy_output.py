@@ -20,11 +20,13 @@ from services.worker.engine.model import LlamaModel
 from services.worker.engine.sampling_params import SamplingParams
 
 # Compiled steps of fewer rows keep the output layer in their graph, read there by inductor's own
-# one-row kernel faster than the screen's bfloat16 product reads its half after the graph: SmolLM2 float32,
-# one stream, compiled (2-core Zen 4, 8 runs of 128 tokens taking turns): greedy 74.6 tok/s with the
-# output layer in the graph against 67.0 screened; sampled at 0.7, 76.1 against 59.6, whose logits came
-# from oneDNN's one-row float32 product after a graph that ended at the norm. Steps of more rows
-# multiply the output layer through oneDNN in the graph or out of it, where the screen halves its time.
+# one-row kernel (~2.9 ms for SmolLM2's), where after a graph that ends at the norm a sampled row takes
+# oneDNN's one-row float32 product (4.4-5.0 ms alone) and a greedy one the screen (~2.7 ms). SmolLM2
+# float32, one stream, compiled, median step over ~1,500 steps each, both orders of building the two
+# engines (the first built ran ~1 ms a step slower; 2-core Zen 4): sampled at 0.7, 2.2 ms a step less
+# with the output layer in the graph (13.2 against 16.5 ms, and 19.4 against 20.6 in a slower hour),
+# greedy 0.3 ms more, within the machine's swing. Steps of more rows multiply the output layer through
+# oneDNN in the graph or out of it, where the screen halves its time.
 GRAPH_ROWS_SCREENED_FROM = 6
 
 
