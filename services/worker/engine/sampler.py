@@ -95,13 +95,14 @@ def nucleus(
     top_p: torch.Tensor,  # (R,) in (0, 1]
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (R, W) the candidates' logits, -inf where cut; (R, W) their tokens
     """Each row's top_k likeliest tokens, of which those while the probability before them is under
-    top_p (the first always stays). The candidates are the W likeliest, W widened eightfold until every
-    row's cut falls among them: sorting 64 rows of SmolLM2's vocabulary took 118 ms, their likeliest 64
-    3 ms (2-core Zen 4), and a nucleus of 0.9 at temperature 0.7 is mostly a few dozen tokens."""
+    top_p (the first always stays). On a CPU the candidates are the W likeliest, W widened eightfold
+    until every row's cut falls among them: sorting 64 rows of SmolLM2's vocabulary took 118 ms, their
+    likeliest 64 3 ms (2-core Zen 4), and a nucleus of 0.9 at temperature 0.7 is mostly a few tokens.
+    Elsewhere the whole vocabulary, sorted: asking whether to widen would wait for the device."""
     vocab = logits.shape[1]
     scaled = scaled_from_max(logits, inv_temperature)  # (R, V)
     log_total = torch.logsumexp(scaled, dim=-1, keepdim=True)  # (R, 1)
-    width = min(vocab, FIRST_CANDIDATES)
+    width = min(vocab, FIRST_CANDIDATES) if logits.device.type == "cpu" else vocab
     while True:
         values, tokens = scaled.topk(width, dim=-1)  # (R, W) each, most likely first
         probs = torch.exp(values - log_total)
@@ -137,8 +138,11 @@ class Sampler:
         inv_temperature = on_device(inverse, torch.float32, device)
 
         drawn = uniforms(params, generators, device)
-        picked = inverse_cdf(logits, inv_temperature, drawn)  # (N,): right for the rows that cut nothing
         cutting = [row for row, p in enumerate(params) if p.top_k > 0 or p.top_p < 1.0]
+        if len(cutting) < n:
+            picked = inverse_cdf(logits, inv_temperature, drawn)  # (N,): right for the rows that cut nothing
+        else:
+            picked = torch.zeros(n, dtype=torch.int64, device=device)
         if cutting:
             rows = on_device(cutting, torch.int64, device)
             vocab = logits.shape[1]
