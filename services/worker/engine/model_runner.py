@@ -284,8 +284,9 @@ class ModelRunner:
 
     def _screened(self, inputs: StepInputs) -> bool:
         """Whether the step's token comes from the greedy screen (greedy_output.py): every sampled row
-        wants only its likeliest token, and no graph would give its logits (one ends at the final norm,
-        or the step runs eagerly, where the output layer is oneDNN's float32 product)."""
+        wants only its likeliest token, and the plan for a step of its size ends at the final norm (a
+        graph's, or the eager step's after it, whose output layer is oneDNN's float32 product); with no
+        graphs at all, every such step."""
         if self.greedy_output is None or not argmax_only(inputs.sampling):
             return False
         if self.grammars is not None and any(i in self.grammars for i in inputs.sample_ids):
