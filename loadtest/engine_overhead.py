@@ -4,9 +4,16 @@ decides throughput. Steps at 1, 64 and 256 running requests, and where each step
 
 The breakdown wraps the engine's methods with timers here, in the benchmark (unittest.mock
 patches, undone after each pass); no engine code is changed. Timers cost a clock call or two
-each (about 2 us for the CPU clock on a shared VM), so the totals come from an untimed pass, the
-split from a pass timing only the per-step calls, and the per-request calls from a third pass.
+each (about 2 us for the CPU clock on a shared VM), and the dozen of them ~0.1-0.3 ms a step at 256
+requests; so the steps' totals come from an untimed pass, the host's figure from a pass timing only
+the device's work, the split from one timing the per-step calls, the per-request calls from a fourth.
 What lives before the requests arrive is frozen out of the garbage collector, as in a worker.
+
+On a CPU the stand-in for the device's work (the argmax over (N, V), the gather of (N, C) rows) runs
+on the host's own core: left out of the figure, it still evicts the host's data from the caches,
+which the next step's Python then reads from memory. A second pass, `quiet_step_ms_at_N`, cuts the
+stub's vocabulary and hidden size (QUIET_VOCAB, QUIET_HIDDEN) so that the device's work neither takes
+the host's time nor its caches, as on a GPU; the host's work is the same.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.settings import EngineSettings
 from shared.models.shapes import SHAPES, ModelConfig
+from shared.runtime import settle_heap
 
 STUB_SHAPE = "llama-8b"  # its vocabulary (128,256) and hidden size: what the target is about
 BATCHES = (1, 64, 256)
@@ -41,6 +49,7 @@ PROMPT_LENS = (120, 137)  # ~128, spread so that the requests do not all fill a 
 MAX_TOKENS = 1024  # with ignore_eos and greedy: nobody leaves the batch while it is measured
 WARMUP_STEPS, MEASURED_STEPS = 5, 40
 STUB_TOKEN = 7  # the stub's logits make greedy pick this token, every row, every step
+QUIET_VOCAB, QUIET_HIDDEN = 1024, 64  # the quiet pass's stub: its device work fits the caches beside the host's
 # Work that is one kernel of microseconds on a GPU but real arithmetic on a CPU: the gather of the
 # sampled rows' hidden states (N, C) and the sampler's argmax over (N, V). The sampler's own Python
 # (a check over the rows) goes with it: ~10 us at 256 rows.
@@ -80,6 +89,11 @@ def stub_config(name: str) -> ModelConfig:
     """The shape's vocabulary, hidden size and context; a one-layer, one-head KV layout, since the
     stub never reads its KV pool and a real-shaped pool of this many blocks is GiBs on a CPU."""
     return dataclasses.replace(SHAPES[name], num_layers=1, num_heads=1, num_kv_heads=1, head_dim=2)
+
+
+def quiet_config(name: str) -> ModelConfig:
+    """The stub's shape with a vocabulary and hidden size whose device work is small beside the host's."""
+    return dataclasses.replace(stub_config(name), vocab_size=QUIET_VOCAB, hidden_size=QUIET_HIDDEN)
 
 
 class StepTimers:
@@ -212,7 +226,7 @@ def start_decoding(engine: Engine, batch: int, penalised: int = 0) -> list[Reque
 
 
 def measure_batch(engine: Engine, stub: StubModel, batch: int, clock: Callable[[], float], on_cpu: bool) -> dict:
-    gc.freeze()  # as a worker does once its engine is built (services/worker/main.py)
+    settle_heap()  # as a worker does once its engine is built (services/worker/main.py)
     requests = start_decoding(engine, batch)
     timed_steps(engine, WARMUP_STEPS, StepTimers(clock), batch)
 
@@ -223,6 +237,17 @@ def measure_batch(engine: Engine, stub: StubModel, batch: int, clock: Callable[[
         engine.step()
         wall.append(time.perf_counter() - start_wall)
         cpu.append(time.process_time() - start_cpu)
+
+    # The host's figure: each step less its own device work, only that timed (a few clock calls).
+    device = StepTimers(clock)
+    stack, _ = instrument(engine, device, [target for target in PER_STEP if target[0] in DEVICE_WORK])
+    stub.timers = device
+    with stack:
+        timed_steps(engine, MEASURED_STEPS, device, batch)
+    stub.timers = None
+    host_ms = 1e3 * statistics.median(
+        step["step"] - (sum(step.get(name, 0.0) for name in DEVICE_WORK) if on_cpu else 0.0) for step in device.steps
+    )
 
     coarse = StepTimers(clock)
     stack, missing = instrument(engine, coarse, PER_STEP)
@@ -255,7 +280,7 @@ def measure_batch(engine: Engine, stub: StubModel, batch: int, clock: Callable[[
         engine.abort_request(request.request_id)
     return {
         "full_collection_ms": {"frozen_at_start": pause_frozen, "nothing_frozen": pause_unfrozen},
-        "host_ms": breakdown["host"], "step_ms_wall": 1e3 * statistics.median(wall),
+        "host_ms": host_ms, "host_ms_instrumented": breakdown["host"], "step_ms_wall": 1e3 * statistics.median(wall),
         "step_ms_cpu": 1e3 * statistics.median(cpu), "step_ms_wall_mean": 1e3 * statistics.mean(wall),
         "step_ms_instrumented": breakdown["step"], "device_work_ms": breakdown["device_work"],
         "breakdown_ms": breakdown, "per_request_calls": per_request, "timer_empty_interval_us": 1e6 * noop,
@@ -290,11 +315,22 @@ def overhead(model: LlamaModel, sizes: Sizes, args: argparse.Namespace) -> dict:
         "ignore_eos), on the benchmark's clock; on a CPU less the device work (the gather of the sampled rows' "
         "hidden states, the sampler's argmax over (N, V)), one kernel each on a GPU",
     }  # fmt: skip
+    # On a GPU the device's work is on the device already: no quiet pass.
+    quiet = StubModel(quiet_config(STUB_SHAPE), settings.max_num_seqs, device) if on_cpu else None
+
+    def measure(model: StubModel, batch: int) -> dict:
+        return with_engine(model, settings, lambda engine: measure_batch(engine, model, batch, args.clock, on_cpu))
+
     for batch in BATCHES:
-        measured = with_engine(stub, settings, lambda engine, n=batch: measure_batch(engine, stub, n, args.clock, on_cpu))
+        measured = measure(stub, batch)
         result[f"batch_{batch}"] = measured
         result[f"step_ms_at_{batch}"] = measured["host_ms"]
         result[f"top_items_at_{batch}"] = top_items(measured["breakdown_ms"], on_cpu)
-        print(f"  overhead {batch}: {measured['host_ms']:.3f} ms host, {measured['step_ms_cpu']:.2f} ms cpu step",
-              flush=True)  # fmt: skip
+        line = f"  overhead {batch}: {measured['host_ms']:.3f} ms host, {measured['step_ms_cpu']:.2f} ms cpu step"
+        if quiet is not None:
+            quieted = measure(quiet, batch)
+            result[f"quiet_batch_{batch}"] = {key: quieted[key] for key in ("host_ms", "step_ms_cpu", "breakdown_ms")}
+            result[f"quiet_step_ms_at_{batch}"] = quieted["host_ms"]
+            line += f"; quiet {quieted['host_ms']:.3f} ms host"
+        print(line, flush=True)
     return result

@@ -21,7 +21,16 @@ from unittest import mock
 
 import numpy as np
 import torch
-from engine_overhead import BATCHES, MAX_TOKENS, PROMPT_LENS, STUB_SHAPE, StubModel, start_decoding, stub_config
+from engine_overhead import (
+    BATCHES,
+    MAX_TOKENS,
+    PROMPT_LENS,
+    QUIET_VOCAB,
+    STUB_SHAPE,
+    StubModel,
+    start_decoding,
+    stub_config,
+)
 from engine_scenarios import Sizes, with_engine
 
 from services.worker.engine import model_runner
@@ -31,7 +40,7 @@ from services.worker.engine.model import LlamaModel
 from services.worker.engine.settings import EngineSettings
 
 DEVICE_MS = 3.75
-STUB_VOCAB = 1024
+STUB_VOCAB = QUIET_VOCAB
 WARMUP_STEPS, MEASURED_STEPS = 10, 200
 PENALISED = 16  # of the largest batch, in a row of its own
 SPIN_S = 2e-4  # the last stretch of a wait is spun, not slept: a sleep overshoots by ~0.1 ms

@@ -1,4 +1,5 @@
-"""Process plumbing shared by every service: logging, and running until SIGINT/SIGTERM.
+"""Process plumbing shared by every service: logging, the collector's settings, and running until
+SIGINT/SIGTERM.
 
 The first signal asks the service to drain (it finishes what it holds, takes nothing new, then
 returns); a second one, or the drain overrunning its backstop, cancels it outright.
@@ -7,6 +8,7 @@ returns); a second one, or the drain overrunning its backstop, cancels it outrig
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -43,6 +45,20 @@ class KafkaLogThrottle(logging.Filter):
         if held:
             record.msg = kind + held_back(held)
         return held is not None
+
+
+# Allocations a young collection waits for. An engine step of hundreds of requests makes a few
+# thousand objects (chunks, updates, token lists): at Python's default, 700, several collections a step.
+YOUNG_COLLECTION_AFTER = 5_000
+
+
+def settle_heap() -> None:
+    """What lives now lives as long as the process (a model, its tokenizer, the imported code): frozen
+    out of the collector's way, a full collection no longer walks it (with SmolLM2 ~385k objects, a
+    ~350 ms pause of every stream). And young collections come less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_AFTER, *gc.get_threshold()[1:])
 
 
 def setup_logging(level: str, name: str) -> None:

@@ -16,7 +16,7 @@ from shared.metrics import GossipCollector
 from shared.partition_owners import REQUESTS_ADDRESS, format_partitions
 from shared.redis_client import discover, make_cluster
 from shared.routing_map import RoutingMap
-from shared.runtime import run_until_signalled, setup_logging
+from shared.runtime import run_until_signalled, settle_heap, setup_logging
 
 # What the fleet hears of a worker's load (edges place requests by it and admit by it).
 GOSSIPED_LOAD = ("running", "waiting", "kv_usage", "free_kv_blocks", "max_running", "waiting_tokens", "kv_tokens")
@@ -74,11 +74,7 @@ def main(settings: WorkerSettings) -> None:
     if settings.role != "unified" and settings.spec().is_echo:
         raise SystemExit(f"drivetrain worker: a {settings.role} worker hands KV caches on, and the echo model has none")
     engine = build_engine(settings)
-    # What lives now lives as long as the process (the model, its tokenizer, the imported code).
-    # Frozen out of the collector's way, a full collection no longer walks it: with SmolLM2 that
-    # was ~385k objects and a ~350 ms pause of every stream, now about nothing.
-    gc.collect()
-    gc.freeze()
+    settle_heap()
     try:
         run_until_signalled(
             lambda stopping: serve_worker(settings, engine, health, stopping),

@@ -1,16 +1,18 @@
 """Running a service until signalled: a signal drains it, a second one (or the backstop) cancels it
-quietly, and a cancellation nobody asked for is a failure, not a quiet exit."""
+quietly, and a cancellation nobody asked for is a failure, not a quiet exit. And the collector's
+settings a worker takes once its engine is built."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 
 import pytest
 import uvloop
 
-from shared.runtime import run_until_signalled
+from shared.runtime import YOUNG_COLLECTION_AFTER, run_until_signalled, settle_heap
 from shared.service_settings import EventLoop
 
 
@@ -66,3 +68,14 @@ def test_the_service_runs_on_the_loop_its_settings_choose(event_loop):
     made.close()
     assert loops == [type(made)]
     assert (loops[0] is uvloop.Loop) == (event_loop is EventLoop.UVLOOP)
+
+
+def test_settling_the_heap_freezes_what_lives_and_makes_young_collections_rarer():
+    threshold = gc.get_threshold()
+    try:
+        settle_heap()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (YOUNG_COLLECTION_AFTER, *threshold[1:]) and YOUNG_COLLECTION_AFTER > threshold[0]
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
