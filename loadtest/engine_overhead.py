@@ -192,6 +192,29 @@ def timed_steps(engine: Engine, num_steps: int, timers: StepTimers, batch: int) 
         timers.end_step(timers.clock() - start)
 
 
+def timed_pass(
+    engine: Engine, targets: list[Target], clock: Callable[[], float], batch: int, stub: StubModel | None = None
+) -> tuple[StepTimers, list[str]]:
+    """MEASURED_STEPS steps with the targets timed, and the stub's row gather where the stub is given;
+    the names not found."""
+    timers = StepTimers(clock)
+    stack, missing = instrument(engine, timers, targets)
+    if stub is not None:
+        stub.timers = timers
+    try:
+        with stack:
+            timed_steps(engine, MEASURED_STEPS, timers, batch)
+    finally:
+        if stub is not None:
+            stub.timers = None
+    return timers, missing
+
+
+def host_seconds(step: dict[str, float], on_cpu: bool) -> float:
+    """The step less its device work, which on a CPU ran on the host's core."""
+    return step["step"] - (sum(step.get(name, 0.0) for name in DEVICE_WORK) if on_cpu else 0.0)
+
+
 def empty_interval(clock: Callable[[], float], n: int = 2000) -> float:
     """What a timer records around a call that does nothing: subtracted from the per-request counts."""
     timers = StepTimers(clock)
@@ -239,32 +262,16 @@ def measure_batch(engine: Engine, stub: StubModel, batch: int, clock: Callable[[
         cpu.append(time.process_time() - start_cpu)
 
     # The host's figure: each step less its own device work, only that timed (a few clock calls).
-    device = StepTimers(clock)
-    stack, _ = instrument(engine, device, [target for target in PER_STEP if target[0] in DEVICE_WORK])
-    stub.timers = device
-    with stack:
-        timed_steps(engine, MEASURED_STEPS, device, batch)
-    stub.timers = None
-    host_ms = 1e3 * statistics.median(
-        step["step"] - (sum(step.get(name, 0.0) for name in DEVICE_WORK) if on_cpu else 0.0) for step in device.steps
-    )
-
-    coarse = StepTimers(clock)
-    stack, missing = instrument(engine, coarse, PER_STEP)
-    stub.timers = coarse
-    with stack:
-        timed_steps(engine, MEASURED_STEPS, coarse, batch)
-    stub.timers = None
-    fine = StepTimers(clock)
-    stack, missing_fine = instrument(engine, fine, PER_REQUEST)
-    with stack:
-        timed_steps(engine, MEASURED_STEPS, fine, batch)
+    device, _ = timed_pass(engine, [target for target in PER_STEP if target[0] in DEVICE_WORK], clock, batch, stub)
+    host_ms = 1e3 * statistics.median(host_seconds(step, on_cpu) for step in device.steps)
+    coarse, missing = timed_pass(engine, PER_STEP, clock, batch, stub)
+    fine, missing_fine = timed_pass(engine, PER_REQUEST, clock, batch)
 
     for step in coarse.steps:  # each inclusive timer's own code, and the step less its device work
         for parent, children in CHILDREN.items():
             step[f"{parent}.rest"] = step.get(parent, 0.0) - sum(step.get(c, 0.0) for c in children)
         step["device_work"] = sum(step.get(name, 0.0) for name in DEVICE_WORK)
-        step["host"] = step["step"] - (step["device_work"] if on_cpu else 0.0)
+        step["host"] = host_seconds(step, on_cpu)
     breakdown = {name: coarse.median_ms(name) for name in sorted({k for s in coarse.steps for k in s})}
     noop = empty_interval(clock)
     per_request = {}
