@@ -85,7 +85,8 @@ def sampler_cases(rounds: int, repeats: int) -> list[dict]:
 def engine_case(prompts: list[list[int]], rounds: int) -> dict:
     """The chats, ENGINE_NEW_TOKENS tokens each, sampled: the run's seconds, prompts included."""
     streams = [(len(prompt), ENGINE_NEW_TOKENS) for prompt in prompts]
-    peer = DrivetrainPeer("float32+compile", max(map(len, prompts)) + ENGINE_NEW_TOKENS + 16,
+    # Every logit in float32: the output screen would draw these rows itself (bench_cpu_screened_output.py).
+    peer = DrivetrainPeer("float32+compile+full_output", max(map(len, prompts)) + ENGINE_NEW_TOKENS + 16,
                           kv_blocks_for(streams), len(prompts))
     peer.engine.runner.decode_graphs.wait()
     samplers = {"exponential_race": ExponentialRace(), "inverse_cdf": Sampler()}

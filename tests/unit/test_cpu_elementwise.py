@@ -17,7 +17,7 @@ from torch.utils import cpp_extension
 from kernels import (
     cpu_elementwise,
     cpu_extension,
-    cpu_greedy_output,
+    cpu_screened_output,
     cpu_inverse_cdf,
     cpu_paged_decode,
     cpu_prefill_attention,
@@ -35,7 +35,7 @@ def built() -> None:
 
 
 @pytest.mark.parametrize("source", [cpu_paged_decode.SOURCE, cpu_elementwise.SOURCE, cpu_prefill_attention.SOURCE,
-                                    cpu_greedy_output.SOURCE, cpu_inverse_cdf.SOURCE], ids=lambda p: p.stem)
+                                    cpu_screened_output.SOURCE, cpu_inverse_cdf.SOURCE], ids=lambda p: p.stem)
 @pytest.mark.parametrize("capability", [*cpu_extension.ISA_FLAGS, "DEFAULT"])
 def test_each_kernel_compiles_for_every_instruction_set(source: Path, capability: str, tmp_path: Path) -> None:
     """Each machine builds only its own; compiling (not running) the others here keeps a change that

@@ -281,7 +281,7 @@ class CpuDecodeGraphs:
     once they are ready, and never compiles on the caller's thread. store: where the compiled libraries
     are kept between starts (None: rebuilt at every start). states_from_rows: the graphs of plans whose
     steps all have at least this many rows end at the final norm, for a caller that applies the output
-    layer itself (greedy_output.py); None: every graph ends with the output layer."""
+    layer itself (screened_output.py); None: every graph ends with the output layer."""
 
     def __init__(self, model: LlamaModel, kv_caches: list[KVCache], block_size: int, *,
                  attention_kernel: bool, store: Path | None, states_from_rows: int | None = None) -> None:

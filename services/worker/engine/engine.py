@@ -72,7 +72,7 @@ def resolve(settings: EngineSettings, max_model_len: int, device: torch.device) 
         cuda_graphs=settings.cuda_graphs,
         cpu_compile=settings.cpu_compile,
         cpu_attention_kernel=settings.cpu_attention_kernel,
-        cpu_greedy_screen=settings.cpu_greedy_screen,
+        cpu_output_screen=settings.cpu_output_screen,
         cpu_graph_store=cpu_graph_store.default_store() if settings.cpu_graph_store else None,
         kv_cache_dtype=None if settings.kv_cache_dtype == "auto" else getattr(torch, settings.kv_cache_dtype),
     )

@@ -26,12 +26,6 @@ from services.worker.engine.cpu_graphs import CpuDecodeGraphs
 from services.worker.engine.cuda_graphs import CudaGraphRunner
 from services.worker.engine.grammar_mask import apply_token_bitmask
 from services.worker.engine.grammar_matchers import GrammarMatchers
-from services.worker.engine.greedy_output import (
-    GRAPH_ROWS_SCREENED_FROM,
-    GreedyOutput,
-    argmax_only,
-    greedy_output_for,
-)
 from services.worker.engine.host_values import on_device
 from services.worker.engine.kv_cache_manager import cdiv
 from services.worker.engine.logits_processors import PendingTokens, process_logits
@@ -44,6 +38,12 @@ from services.worker.engine.model import (
 from services.worker.engine.sampler import Sampler, make_generator
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduler import PLACEHOLDER, SchedulerOutput
+from services.worker.engine.screened_output import (
+    GRAPH_ROWS_SCREENED_FROM,
+    ScreenedOutput,
+    screenable,
+    screened_output_for,
+)
 from services.worker.engine.settings import CpuCompile
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class RunnerConfig:
     cpu_compile: CpuCompile = "off"
     cpu_attention_kernel: bool = True  # CPU decode attention through the C++ kernel, where it builds
     cpu_graph_store: Path | None = None  # where compiled CPU decode graphs are kept between starts
-    cpu_greedy_screen: bool = True  # greedy rows' output layer screened in bfloat16, where it pays
+    cpu_output_screen: bool = True  # untouched rows' output layer screened in bfloat16, where it pays
     kv_cache_dtype: torch.dtype | None = None  # None: the weights' dtype
     eos_token_ids: frozenset[int] = frozenset()  # masked before a request's min_tokens, unless it ignores EOS
 
@@ -231,7 +231,7 @@ class ModelRunner:
         if self.device.type == "cpu" and self.dtype == torch.float32:
             cpu_elementwise.available()  # built now, not in the first request's prompt step
             cpu_prefill_attention.available()
-        self.greedy_output: GreedyOutput | None = greedy_output_for(model) if config.cpu_greedy_screen else None
+        self.screened_output: ScreenedOutput | None = screened_output_for(model) if config.cpu_output_screen else None
         self.graphs: CudaGraphRunner | None = None
         if config.cuda_graphs and self.device.type == "cuda":
             max_blocks = cdiv(config.max_model_len, self.block_size)
@@ -243,7 +243,7 @@ class ModelRunner:
             self.decode_graphs = CpuDecodeGraphs(model, self.kv_caches, self.block_size,
                                                  attention_kernel=self.cpu_attention_kernel,
                                                  store=config.cpu_graph_store,
-                                                 states_from_rows=None if self.greedy_output is None
+                                                 states_from_rows=None if self.screened_output is None
                                                  else GRAPH_ROWS_SCREENED_FROM)
             self.decode_graphs.start(background=config.cpu_compile == "background")
         log.info("KV cache: %d blocks of %d tokens on %s", self.num_blocks, self.block_size, self.device)
@@ -264,7 +264,7 @@ class ModelRunner:
             states = self._final_states(inputs)  # (S, C)
             if states is None:
                 return NOTHING_DRAWN
-            return self._drawn_step(inputs, self.greedy_output.tokens(states), None)
+            return self._drawn_step(inputs, self.screened_output.tokens(states, inputs.sampling), None)
         logits = self._logits(inputs)  # (S, V)
         if logits is None:
             return NOTHING_DRAWN
@@ -283,11 +283,11 @@ class ModelRunner:
         return PendingStep(inputs.sample_ids, host_tokens, logprobs, ready)
 
     def _screened(self, inputs: StepInputs) -> bool:
-        """Whether the step's token comes from the greedy screen (greedy_output.py): every sampled row
-        wants only its likeliest token, and the plan for a step of its size ends at the final norm (a
-        graph's, or the eager step's after it, whose output layer is oneDNN's float32 product); with no
-        graphs at all, every such step."""
-        if self.greedy_output is None or not argmax_only(inputs.sampling):
+        """Whether the step's tokens come from the output screen (screened_output.py): every sampled row's
+        logits are left untouched, greedy or drawn from its whole vocabulary, and the plan for a step of
+        its size ends at the final norm (a graph's, or the eager step's after it, whose output layer is
+        oneDNN's float32 product); with no graphs at all, every such step."""
+        if self.screened_output is None or not screenable(inputs.sampling):
             return False
         if self.grammars is not None and any(i in self.grammars for i in inputs.sample_ids):
             return False
