@@ -17,10 +17,10 @@ from torch.utils import cpp_extension
 from kernels import (
     cpu_elementwise,
     cpu_extension,
-    cpu_screened_output,
     cpu_inverse_cdf,
     cpu_paged_decode,
     cpu_prefill_attention,
+    cpu_screened_output,
 )
 from kernels.rms_norm import add_rms_norm, add_rms_norm_ref
 from kernels.rope import apply_rope, apply_rope_ref
