@@ -133,14 +133,13 @@ int64_t greedy_token(const Row& row) {
 struct Envelope {
   const Row& row;
   float inverse;  // 1 / T
-  size_t most_rescored;
   std::vector<int64_t> tokens;  // rescored, in order
   std::vector<float> logits;   // their float32 logits
   float top = -std::numeric_limits<float>::infinity();
   std::vector<float> blocks;  // each block's float32 sum of weights
 
   Envelope(const Row& row, float inverse, float floor, float window, size_t most_rescored)
-      : row(row), inverse(inverse), most_rescored(most_rescored) {
+      : row(row), inverse(inverse) {
     row.reaching(floor - window / inverse, [&](int64_t v) {
       if (tokens.size() < most_rescored) {
         tokens.push_back(v);
@@ -212,13 +211,13 @@ struct Envelope {
   }
 };
 
-// drawn holds two numbers in [0, 1) an attempt: the proposal's, then the keeping's.
 struct Draws {
   float window;
   size_t most_rescored;
   int64_t attempts;
 };
 
+// drawn holds two numbers in [0, 1) an attempt: the proposal's, then the keeping's.
 int64_t sampled_token(const Row& row, float inverse, const double* drawn, const Draws& draws) {
   const float floor = std::isfinite(row.scale) ? row.floor() : NAN;
   if (!std::isfinite(floor)) return -1;
