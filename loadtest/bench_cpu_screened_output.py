@@ -6,7 +6,8 @@ temperature 0.7 (the inverse-CDF draw over every logit, against the screen's dra
 share of one-proposal rows refused is recorded). States drawn at the norm of SmolLM2's final ones
 (~47). Then the peer benchmark's 64 chats, 128 tokens each, sampled at 0.7 through a compiled float32
 engine of SmolLM2's own weights, with the screen and without it (every logit in float32, then the
-sampler). Rounds taking turns, medians, the ratio paired per round.
+sampler): all 64 as the chat page asks, and with one in sixteen asking for top-p 0.9 as well (those
+take every logit; the others the screen). Rounds taking turns, medians, the ratio paired per round.
 
     python loadtest/bench_cpu_screened_output.py --json loadtest/results/cpu_screened_output.json
 """
@@ -85,9 +86,12 @@ def measure(weight: torch.Tensor, full: torch.Tensor, screened: ScreenedOutput, 
     ]
 
 
-def engine_case(prompts: list[list[int]], rounds: int) -> dict:
+TOP_P_EVERY = 16  # the mixed case: every sixteenth chat asks for top-p 0.9
+
+
+def engine_cases(prompts: list[list[int]], rounds: int) -> list[dict]:
     """The chats, sampled, with the screen and without (one engine, its screen set aside in turns): the
-    run's seconds, prompts included."""
+    run's seconds, prompts included; all alike, then mixed."""
     streams = [(len(prompt), ENGINE_NEW_TOKENS) for prompt in prompts]
     peer = DrivetrainPeer("float32+compile", max(map(len, prompts)) + ENGINE_NEW_TOKENS + 16,
                           kv_blocks_for(streams), len(prompts))
@@ -96,13 +100,25 @@ def engine_case(prompts: list[list[int]], rounds: int) -> dict:
     if screen is None:
         raise SystemExit("the engine runs without the screen here")
 
+    chat = SamplingParams(temperature=TEMPERATURE)
+    mixes = {"as the chat page asks": [chat] * len(prompts),
+             f"one in {TOP_P_EVERY} with top-p 0.9": [
+                 SamplingParams(temperature=TEMPERATURE, top_p=0.9) if i % TOP_P_EVERY == 0 else chat
+                 for i in range(len(prompts))]}
+    return [{"chats_are": name, **engine_case(peer, screen, prompts, sampling, rounds)}
+            for name, sampling in mixes.items()]
+
+
+def engine_case(peer: DrivetrainPeer, screen: ScreenedOutput, prompts: list[list[int]],
+                sampling: list[SamplingParams], rounds: int) -> dict:
     def run_with(output: ScreenedOutput | None) -> Callable[[], object]:
         def run() -> None:
             peer.engine.runner.screened_output = output
-            peer.run(prompts, ENGINE_NEW_TOKENS, temperature=TEMPERATURE)
+            peer.run(prompts, ENGINE_NEW_TOKENS, sampling=sampling)
         return run
 
     case = paired(run_with(None), run_with(screen), rounds, 1)
+    peer.engine.runner.screened_output = screen
     tokens = len(prompts) * ENGINE_NEW_TOKENS
     return {"streams": len(prompts), "new_tokens": ENGINE_NEW_TOKENS, "temperature": TEMPERATURE, **case,
             "every_logit_tok_s": tokens / case["every_logit_ms"] * 1000,
@@ -120,9 +136,11 @@ def main() -> int:
         print(f"{case['rows']} rows, {case['rows_are']}: every logit {case['every_logit_ms']:.2f} ms, "
               f"screened {case['screened_ms']:.2f} ms ({case['screened_over_every_logit']:.2f})")
     prompts = prompts_for(workloads(quick=False)[ENGINE_PROMPTS], Tokenizer.from_folder(smollm2_folder()))
-    engine = engine_case(prompts, max(3, args.rounds // 2))
-    print(f"{engine['streams']} chats sampled through an engine: every logit {engine['every_logit_tok_s']:.1f}, "
-          f"screened {engine['screened_tok_s']:.1f} tok/s ({engine['screened_over_every_logit']:.3f} of the time)")
+    engine = engine_cases(prompts, max(3, args.rounds // 2))
+    for case in engine:
+        print(f"{case['streams']} chats sampled through an engine, {case['chats_are']}: every logit "
+              f"{case['every_logit_tok_s']:.1f}, screened {case['screened_tok_s']:.1f} tok/s "
+              f"({case['screened_over_every_logit']:.3f} of the time)")
     worst = max(case["screened_over_every_logit"] for case in cases)
     results = {
         "meta": {**kernel_bench.meta(args), "state_norm": STATE_NORM, "temperature": TEMPERATURE},

@@ -3,6 +3,7 @@ per variant, stepped in this process. A variant is a name for engine settings (d
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -74,13 +75,16 @@ class DrivetrainPeer:
         self.settings = settings
         self._count = 0
 
-    def run(self, prompts: list[list[int]], new_tokens: int, temperature: float = 0.0) -> Run:
-        """temperature: 0, greedy, as every peer is asked for; above it, sampled (bench_sampler.py)."""
-        sampling = SamplingParams(max_tokens=new_tokens, temperature=temperature)
+    def run(self, prompts: list[list[int]], new_tokens: int, temperature: float = 0.0,
+            sampling: list[SamplingParams] | None = None) -> Run:
+        """temperature: 0, greedy, as every peer is asked for; above it, sampled (bench_sampler.py).
+        sampling: each prompt's own settings instead (their max_tokens set to new_tokens)."""
+        if sampling is None:
+            sampling = [SamplingParams(max_tokens=new_tokens, temperature=temperature)] * len(prompts)
         requests = []
-        for prompt in prompts:
+        for prompt, params in zip(prompts, sampling, strict=True):
             self._count += 1
-            requests.append(Request(f"r{self._count}", prompt, sampling))
+            requests.append(Request(f"r{self._count}", prompt, dataclasses.replace(params, max_tokens=new_tokens)))
         first_token_s = None
         start = time.perf_counter()
         for request in requests:

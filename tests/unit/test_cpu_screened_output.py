@@ -17,14 +17,16 @@ from kernels import cpu_screened_output
 from services.worker.engine import screened_output
 from services.worker.engine.cpu_linear import use_cpu_linear_
 from services.worker.engine.engine import Engine
+from services.worker.engine.logits_processors import PendingTokens
 from services.worker.engine.model import LlamaModel
 from services.worker.engine.request import Request
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.screened_output import (
     GRAPH_ROWS_SCREENED_FROM,
+    SCREENED_AMONG_OTHERS,
     ScreenedOutput,
-    screenable,
     screened_output_for,
+    screens,
 )
 from services.worker.engine.settings import EngineSettings
 from shared.models.shapes import SHAPES
@@ -291,15 +293,14 @@ def test_the_slack_covers_bfloat16s_rounding_of_both_inputs() -> None:
 
 
 def test_only_rows_whose_logits_nothing_touches_take_it() -> None:
-    plain, sampled = SamplingParams(temperature=0.0), SamplingParams(temperature=0.7)
-    assert screenable([plain, plain]) and screenable([]) and screenable([plain, sampled, sampled])
+    assert screens(SamplingParams(temperature=0.0)) and screens(SamplingParams(temperature=0.7))
     for other in (SamplingParams(temperature=0.7, seed=1), SamplingParams(temperature=0.7, top_p=0.9),
                   SamplingParams(temperature=0.7, top_k=40), SamplingParams(temperature=0.0, logprobs=0),
                   SamplingParams(temperature=0.7, logprobs=0), SamplingParams(temperature=0.0, repetition_penalty=1.2),
                   SamplingParams(temperature=0.7, frequency_penalty=0.5),
                   SamplingParams(temperature=0.0, logit_bias=((5, 3.0),)),
                   SamplingParams(temperature=0.0, min_tokens=4)):
-        assert not screenable([plain, sampled, other]), other
+        assert not screens(other), other
 
 
 @pytest.fixture(scope="module")
@@ -324,6 +325,21 @@ def screened_steps(engine: Engine, requests: list[Request]) -> tuple[list[list[i
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         tokens = finish(engine, requests)
     return tokens, sum(event.name == "drivetrain::screened_tokens" for event in profile.events())
+
+
+def steps_with_logprobs(engine: Engine, requests: list[Request]) -> tuple[list[list[int]], dict[str, list], int]:
+    """The requests' tokens, the log-probabilities each update carried by request, and how many times the
+    screen ran."""
+    for request in requests:
+        engine.add_request(request)
+    logprobs: dict[str, list] = {}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        while engine.has_unfinished_requests():
+            for update in engine.step():
+                if update.logprobs:
+                    logprobs.setdefault(update.request_id, []).extend(update.logprobs)
+    screened = sum(event.name == "drivetrain::screened_tokens" for event in profile.events())
+    return [request.output_token_ids for request in requests], logprobs, screened
 
 
 def test_an_engine_with_the_screen_decodes_the_tokens_of_one_without(tied: LlamaModel, one_torch_thread) -> None:
@@ -360,6 +376,42 @@ def test_rows_whose_logits_something_touches_take_every_logit(tied: LlamaModel, 
         plain, logprobs=1))]
     _, screened = screened_steps(engine, mixed)
     assert screened == 0
+
+
+def test_a_step_with_enough_screened_rows_screens_them_and_draws_the_others_from_every_logit(
+        tied: LlamaModel, one_torch_thread) -> None:
+    """SCREENED_AMONG_OTHERS greedy rows beside a row with log-probabilities, a penalised one, a seeded
+    sampled one and a top-p one: the screen runs for the greedy rows, each of the others is drawn as it
+    asks, and every token is the one an engine without the screen gives."""
+    greedy = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    others = [dataclasses.replace(greedy, logprobs=2), dataclasses.replace(greedy, repetition_penalty=1.3),
+              dataclasses.replace(greedy, temperature=0.9, seed=4), dataclasses.replace(greedy, temperature=0.9,
+                                                                                         top_p=0.8, seed=5)]
+    params = [greedy] * SCREENED_AMONG_OTHERS + others
+
+    def requests() -> list[Request]:
+        return [Request(f"m{i}", list(range(3 + i, 24 + i)), p) for i, p in enumerate(params)]
+
+    with_screen, without = engine_of(tied, True), engine_of(tied, False)
+    ours, our_logprobs, screened = steps_with_logprobs(with_screen, requests())
+    theirs, their_logprobs, none = steps_with_logprobs(without, requests())
+    assert ours == theirs and none == 0 and screened >= greedy.max_tokens - 1  # the prompt step screens too
+    assert all(len(t) == 10 for t in ours)
+    asked = f"m{SCREENED_AMONG_OTHERS}"
+    assert set(our_logprobs) == {asked} and len(our_logprobs[asked]) == 10
+    assert [lp.token_id for lp in our_logprobs[asked]] == ours[SCREENED_AMONG_OTHERS]
+    for mine, plain in zip(our_logprobs[asked], their_logprobs[asked], strict=True):
+        assert mine.logprob == pytest.approx(plain.logprob, abs=1e-4) and len(mine.top) == 2
+    fewer = engine_of(tied, True)
+    _, screened = screened_steps(fewer, requests()[1:])  # one screened row short: every logit for all
+    assert screened == 0
+
+
+def test_pending_tokens_of_some_sampled_rows_are_numbered_as_those_rows() -> None:
+    pending = PendingTokens([0, 2, 5], torch.tensor([10, 12, 15]))
+    part = pending.of_sampled([5, 1, 2])
+    assert part is not None and dict(zip(part.rows, part.tokens.tolist(), strict=True)) == {0: 15, 2: 12}
+    assert pending.of_sampled([1, 3]) is None
 
 
 def test_compiled_steps_of_few_rows_keep_the_output_layer_and_steps_of_more_are_screened(

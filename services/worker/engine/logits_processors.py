@@ -49,6 +49,15 @@ class PendingTokens:
     rows: Sequence[int]  # (P,) sampled rows
     tokens: torch.Tensor  # (P,) int64 on the logits' device
 
+    def of_sampled(self, rows: Sequence[int]) -> PendingTokens | None:
+        """Those of the sampled rows `rows`, numbered as their order there; None where none is."""
+        position = {row: i for i, row in enumerate(rows)}
+        kept = [j for j, row in enumerate(self.rows) if row in position]
+        if not kept:
+            return None
+        index = on_device(kept, torch.int64, self.tokens.device)
+        return PendingTokens([position[self.rows[j]] for j in kept], self.tokens.index_select(0, index))
+
 
 def _add_bias(logits: torch.Tensor, rows: list[tuple[int, SamplingParams]]) -> None:
     vocab = logits.shape[1]

@@ -40,9 +40,10 @@ from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduler import PLACEHOLDER, SchedulerOutput
 from services.worker.engine.screened_output import (
     GRAPH_ROWS_SCREENED_FROM,
+    SCREENED_AMONG_OTHERS,
     ScreenedOutput,
-    screenable,
     screened_output_for,
+    screens,
 )
 from services.worker.engine.settings import CpuCompile
 
@@ -93,6 +94,15 @@ class StepInputs:
     @property
     def num_seqs(self) -> int:
         return self.meta.context_lens.shape[0]
+
+    def of_sampled(self, rows: list[int]) -> StepInputs:
+        """The same step with only these sampled rows (their order kept), for drawing part of its tokens."""
+        return dataclasses.replace(
+            self, sample_rows=self.sample_rows[on_device(rows, torch.int64, self.sample_rows.device)],
+            sample_ids=[self.sample_ids[r] for r in rows], sampling=[self.sampling[r] for r in rows],
+            sample_positions=[self.sample_positions[r] for r in rows],
+            histories=[self.histories[r] for r in rows], prompt_lens=[self.prompt_lens[r] for r in rows],
+        )  # fmt: skip
 
 
 def prepare_inputs(out: SchedulerOutput, block_size: int, pad_to: int = 0) -> StepInputs:
@@ -260,14 +270,17 @@ class ModelRunner:
             return NOTHING_DRAWN
         inputs = self._to_device(prepare_inputs(out, self.block_size, self._graph_size(out)))
         pending = self._fill_placeholders(inputs) if len(inputs.placeholder_rows) else None
-        if self._screened(inputs):
-            states = self._final_states(inputs)  # (S, C)
-            if states is None:
-                return NOTHING_DRAWN
-            return self._drawn_step(inputs, self.screened_output.tokens(states, inputs.sampling), None)
+        screened = self._screened_rows(inputs)
+        if screened:
+            return self._screened_step(inputs, screened, pending)
         logits = self._logits(inputs)  # (S, V)
         if logits is None:
             return NOTHING_DRAWN
+        return self._drawn_step(inputs, *self._sampled(logits, inputs, pending))
+
+    def _sampled(self, logits: torch.Tensor, inputs: StepInputs, pending: PendingTokens | None,
+                 ) -> tuple[torch.Tensor, PendingLogprobs | None]:
+        """The tokens of the sampled rows' logits (S, V), each row processed, constrained and drawn as it asks."""
         logits = process_logits(
             logits, inputs.sampling, inputs.histories, inputs.prompt_lens, inputs.sample_positions,
             self.config.eos_token_ids, pending,
@@ -275,23 +288,44 @@ class ModelRunner:
         if self.grammars is not None and (masked := self.grammars.bitmask(inputs.sample_ids, self.device)) is not None:
             apply_token_bitmask(logits, *masked)  # constrained rows keep only what their grammar allows
         tokens = self.sampler(logits, inputs.sampling, self._generators_for(inputs))  # (S,)
-        return self._drawn_step(inputs, tokens, token_logprobs(logits, inputs.sampling, tokens, inputs.sample_ids))
+        return tokens, token_logprobs(logits, inputs.sampling, tokens, inputs.sample_ids)
 
     def _drawn_step(self, inputs: StepInputs, tokens: torch.Tensor, logprobs: PendingLogprobs | None) -> PendingStep:
         self._drawn, self._drawn_ids = tokens, inputs.sample_ids
         host_tokens, ready = to_host(tokens)
         return PendingStep(inputs.sample_ids, host_tokens, logprobs, ready)
 
-    def _screened(self, inputs: StepInputs) -> bool:
-        """Whether the step's tokens come from the output screen (screened_output.py): every sampled row's
-        logits are left untouched, greedy or drawn from its whole vocabulary, and the plan for a step of
+    def _screened_rows(self, inputs: StepInputs) -> list[int]:
+        """The sampled rows whose tokens come from the output screen (screened_output.py): those whose
+        logits nothing touches, greedy or drawn from the whole vocabulary, where the plan for a step of
         its size ends at the final norm (a graph's, or the eager step's after it, whose output layer is
-        oneDNN's float32 product); with no graphs at all, every such step."""
-        if self.screened_output is None or not screenable(inputs.sampling):
-            return False
-        if self.grammars is not None and any(i in self.grammars for i in inputs.sample_ids):
-            return False
-        return self.decode_graphs is None or not self._graph_ends_with_logits(inputs)
+        oneDNN's float32 product; with no graphs at all, every step), and they are every sampled row
+        or at least SCREENED_AMONG_OTHERS of them; else none."""
+        if self.screened_output is None:
+            return []
+        grammars = self.grammars if self.grammars is not None else {}
+        rows = [row for row, (request_id, params) in enumerate(zip(inputs.sample_ids, inputs.sampling, strict=True))
+                if screens(params) and request_id not in grammars]
+        if not rows or (len(rows) < len(inputs.sample_ids) and len(rows) < SCREENED_AMONG_OTHERS):
+            return []
+        return rows if self.decode_graphs is None or not self._graph_ends_with_logits(inputs) else []
+
+    def _screened_step(self, inputs: StepInputs, screened: list[int], pending: PendingTokens | None) -> PendingStep:
+        """The screened rows' tokens from the screen; the others' from their float32 logits, as `_sampled` draws."""
+        states = self._final_states(inputs)  # (S, C)
+        if states is None:
+            return NOTHING_DRAWN
+        if len(screened) == len(inputs.sample_ids):
+            return self._drawn_step(inputs, self.screened_output.tokens(states, inputs.sampling), None)
+        others = [row for row in range(len(inputs.sample_ids)) if row not in set(screened)]
+        tokens = torch.empty(len(inputs.sample_ids), dtype=torch.int64, device=states.device)
+        index = on_device(screened, torch.int64, states.device)
+        tokens[index] = self.screened_output.tokens(states[index], [inputs.sampling[row] for row in screened])
+        index = on_device(others, torch.int64, states.device)
+        drawn, logprobs = self._sampled(self.model.compute_logits(states[index]), inputs.of_sampled(others),
+                                        pending.of_sampled(others) if pending is not None else None)
+        tokens[index] = drawn
+        return self._drawn_step(inputs, tokens, logprobs)
 
     def _graph_ends_with_logits(self, inputs: StepInputs) -> bool:
         return self.decode_graphs.ends_with_logits(inputs.input_ids.shape[0])

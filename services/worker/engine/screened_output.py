@@ -33,6 +33,11 @@ from services.worker.engine.sampling_params import SamplingParams
 # greedy 0.3 ms more, within the machine's swing. Steps of more rows multiply the output layer through
 # oneDNN in the graph or out of it, where the screen halves its time.
 GRAPH_ROWS_SCREENED_FROM = 6
+# A step whose other rows take every float32 logit screens its rows only where they are this many or more:
+# fewer rows' products read the whole output layer for little arithmetic, so the screen's product and the
+# others' float32 one each cost about what one float32 product of every row does (SmolLM2's, 2-core Zen 4:
+# float32 5.5 ms at one row, 6.6 at 16, 20.2 at 64; the screen 2.6, 3.5, 11.2).
+SCREENED_AMONG_OTHERS = 16
 # Proposals a sampled row may make before its caller draws it from every float32 logit: over states of
 # SmolLM2's own answers, a row refuses one at 0.7 with probability 0.015 on average, 0.15 at worst
 # (kernels/cpu_screened_output.py), so all 8 refused is rarer than one row in a million.
@@ -48,7 +53,7 @@ class ScreenedOutput:
         self.norms = self.weight.norm(dim=1)  # (V,)
 
     def tokens(self, hidden: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:  # (S, C) -> (S,)
-        """Each row's token, greedy or drawn as its params say (screenable ones only), from its final state."""
+        """Each row's token, greedy or drawn as its params say (rows the screen serves only: see `screens`)."""
         hidden = hidden.contiguous()
         screen = project(hidden.to(torch.bfloat16), self.screen)  # (S, V) bfloat16
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
@@ -76,10 +81,10 @@ def screened_output_for(model: LlamaModel) -> ScreenedOutput | None:
     return ScreenedOutput(weight) if cpu_screened_output.available() else None
 
 
-def screenable(params: Sequence[SamplingParams]) -> bool:
-    """Whether every row's token can come from the screen: its logits untouched and no log-probabilities,
-    and either greedy or drawn from its whole vocabulary by the shared random stream (no top-k or top-p;
-    no seed, whose draws must not depend on the path its step took). A grammar's rows are the caller's
-    to exclude."""
-    return all(not p.processes_logits and p.logprobs is None
-               and (p.greedy or (p.top_k == 0 and p.top_p == 1.0 and p.seed is None)) for p in params)
+def screens(params: SamplingParams) -> bool:
+    """Whether the screen can give a row its token: its logits untouched and no log-probabilities, and
+    either greedy or drawn from its whole vocabulary by the shared random stream (no top-k or top-p; no
+    seed, whose draws must not depend on the path its step took). A grammar's rows are the caller's to
+    exclude."""
+    return (not params.processes_logits and params.logprobs is None
+            and (params.greedy or (params.top_k == 0 and params.top_p == 1.0 and params.seed is None)))
