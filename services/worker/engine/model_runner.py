@@ -317,7 +317,8 @@ class ModelRunner:
             return NOTHING_DRAWN
         if len(screened) == len(inputs.sample_ids):
             return self._drawn_step(inputs, self.screened_output.tokens(states, inputs.sampling), None)
-        others = [row for row in range(len(inputs.sample_ids)) if row not in set(screened)]
+        chosen = set(screened)
+        others = [row for row in range(len(inputs.sample_ids)) if row not in chosen]
         tokens = torch.empty(len(inputs.sample_ids), dtype=torch.int64, device=states.device)
         index = on_device(screened, torch.int64, states.device)
         tokens[index] = self.screened_output.tokens(states[index], [inputs.sampling[row] for row in screened])
