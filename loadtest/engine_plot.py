@@ -21,7 +21,8 @@ def plot_results(results: dict, path: Path) -> Path | None:
         panels.append(("skewed lengths: useful output tok/s", bars))
     if "long_prompt" in results:
         r = results["long_prompt"]
-        panels.append(("long prompt: decode ITL p99 (ms)", {k: r[k]["itl_p99_ms"] for k in ("chunked", "unchunked")}))
+        ways = {"chunked": "chunked", "chunked_by_tokens": "chunked\n(by tokens)", "unchunked": "unchunked"}
+        panels.append(("long prompt: decode ITL p99 (ms)", {label: r[k]["itl_p99_ms"] for k, label in ways.items() if k in r}))
     if "memory" in results:
         r = results["memory"]
         panels.append(("requests running at once", {"paged": r["paged_concurrent_median"], "reserved": r["reserved_concurrent"]}))

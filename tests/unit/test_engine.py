@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from services.worker.engine.chunk_cost import attention_parity
 from services.worker.engine.cuda_graphs import graph_batch_sizes
 from services.worker.engine.engine import Engine, RequestUpdate, resolve
 from services.worker.engine.model import LlamaModel
@@ -235,9 +236,18 @@ def test_abort_frees_blocks_at_once(tiny: LlamaModel) -> None:
     assert all(u.request_id == "b" for u in engine.step())
 
 
+def test_chunks_count_their_attention_by_the_model_s_parity_unless_set_off(tiny: LlamaModel) -> None:
+    def parity(settings: EngineSettings) -> int:
+        return resolve(settings, tiny.config, 256, torch.device("cpu"))[0].attention_parity
+
+    assert parity(EngineSettings()) == attention_parity(tiny.config) > 0
+    assert parity(EngineSettings(count_chunk_attention=False)) == 0
+
+
 def test_padding_rows_write_nothing_and_leave_real_rows_unchanged(tiny: LlamaModel) -> None:
     """What a CUDA graph replay relies on: padded decode rows (slot -1, null block, context 1)."""
-    runner = ModelRunner(tiny, resolve(EngineSettings(num_kv_blocks=16), context_length(tiny.config), torch.device("cpu"))[1])
+    settings = EngineSettings(num_kv_blocks=16)
+    runner = ModelRunner(tiny, resolve(settings, tiny.config, context_length(tiny.config), torch.device("cpu"))[1])
     prompt = random_prompts(7, [19])[0]
     tables = np.array([[3, 5]], dtype=np.int32)  # request a's blocks: row 0
     prefill = SchedulerOutput([ScheduledChunk("a", prompt, 0, 0, True, GREEDY)], block_tables=tables)

@@ -86,6 +86,40 @@ def test_chunked_prefill_splits_a_long_prompt_with_right_positions_and_blocks():
     assert request.num_computed_tokens == 40
 
 
+def test_beside_decodes_a_chunk_after_its_prefix_takes_no_more_work_than_a_fresh_one():
+    # Parity 32: 20 tokens after 32 cost 20 x (1 + (32 + 10) / 32) = 46.25 units, 21 cost 48.9, and the
+    # budget left, 32 fresh tokens, 32 x (1 + 16 / 32) = 48.
+    scheduler = make_scheduler(num_blocks=40, max_batch_tokens=33, attention_parity=32)
+    add(scheduler, "a", 4, max_tokens=20)
+    step(scheduler)
+    add(scheduler, "b", 200, first=100)
+    assert shape(step(scheduler)) == [("a", 4, 1, True), ("b", 0, 32, False)]
+    add(scheduler, "c", 4, first=500)
+    output = step(scheduler)
+    assert shape(output) == [("a", 5, 1, True), ("b", 32, 20, False)]  # c waits: b took the budget
+    assert output.num_scheduled_tokens == 21
+    assert scheduler.num_waiting == 1
+    later = [{rid: n for rid, _, n, _ in shape(step(scheduler))}["b"] for _ in range(4)]
+    assert later == sorted(later, reverse=True) and later[-1] < later[0] < 20  # deeper, smaller
+
+
+def test_alone_a_prompt_s_chunks_count_their_tokens_only():
+    scheduler = make_scheduler(max_batch_tokens=16, attention_parity=8)
+    add(scheduler, "a", 40)
+    assert [shape(step(scheduler)) for _ in range(3)] == [
+        [("a", 0, 16, False)], [("a", 16, 16, False)], [("a", 32, 8, True)],
+    ]
+
+
+def test_without_a_parity_chunks_beside_decodes_count_their_tokens():
+    scheduler = make_scheduler(num_blocks=40, max_batch_tokens=33)
+    add(scheduler, "a", 4, max_tokens=20)
+    step(scheduler)
+    add(scheduler, "b", 200, first=100)
+    step(scheduler)
+    assert shape(step(scheduler)) == [("a", 5, 1, True), ("b", 32, 32, False)]
+
+
 def test_unchunked_prompt_that_does_not_fit_the_rest_of_the_budget_waits():
     scheduler = make_scheduler(max_batch_tokens=32, enable_chunked_prefill=False)
     add(scheduler, "a", 20)
@@ -356,8 +390,11 @@ def check_pool_invariants(scheduler: Scheduler) -> None:
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
-@pytest.mark.parametrize("chunked,static", [(True, False), (False, False), (True, True)])
-def test_random_workload_never_reads_wrong_kv_and_finishes_everything(chunked, static, overlap):
+@pytest.mark.parametrize(
+    "chunked,static,parity", [(True, False, 0), (False, False, 0), (True, True, 0), (True, False, 12)],
+    ids=["chunked", "whole", "static", "chunks-by-work"],
+)
+def test_random_workload_never_reads_wrong_kv_and_finishes_everything(chunked, static, parity, overlap):
     """Overlapped: each step is scheduled before the one before it is back (its decodes carry
     PLACEHOLDER), as the engine does while a GPU runs that step."""
     rng = random.Random(1234)
@@ -367,6 +404,7 @@ def test_random_workload_never_reads_wrong_kv_and_finishes_everything(chunked, s
         max_num_seqs=6,
         enable_chunked_prefill=chunked,
         static_batching=static,
+        attention_parity=parity,
     )
     runner = FakeRunner()
     prefixes = [[rng.randrange(5) for _ in range(rng.randrange(10, 60))] for _ in range(3)]

@@ -20,6 +20,7 @@ from llguidance import LLMatcher
 
 from services.worker.engine import cpu_graph_store
 from services.worker.engine.block_pool import BlockPool
+from services.worker.engine.chunk_cost import attention_parity
 from services.worker.engine.grammar_matchers import GrammarMatchers
 from services.worker.engine.kv_cache_manager import KVCacheManager
 from services.worker.engine.kv_handoffs import KVHandoffs
@@ -43,6 +44,7 @@ from services.worker.engine.types import (
     StartListener,
 )
 from services.worker.engine.vtc import VirtualTokenCounters, VTCCosts
+from shared.models.shapes import ModelConfig
 from shared.models.spec import context_length
 
 log = logging.getLogger(__name__)
@@ -50,14 +52,17 @@ log = logging.getLogger(__name__)
 STEP_FAILED = "the engine failed while running this request"  # a request's error when its part of a step raised
 
 
-def resolve(settings: EngineSettings, max_model_len: int, device: torch.device) -> tuple[SchedulerConfig, RunnerConfig]:
-    """The scheduler's and the runner's configs, with every 0 = auto filled in."""
+def resolve(
+    settings: EngineSettings, config: ModelConfig, max_model_len: int, device: torch.device
+) -> tuple[SchedulerConfig, RunnerConfig]:
+    """The scheduler's and the runner's configs for a model of this shape, with every 0 = auto filled in."""
     auto_tokens = GPU_MAX_BATCH_TOKENS if device.type == "cuda" else CPU_MAX_BATCH_TOKENS
     scheduler = SchedulerConfig(
         max_num_seqs=settings.max_num_seqs,
         max_batch_tokens=settings.max_batch_tokens or auto_tokens,
         max_model_len=max_model_len,
         long_prefill_token_threshold=settings.long_prefill_token_threshold,
+        attention_parity=attention_parity(config) if settings.count_chunk_attention else 0,
         enable_chunked_prefill=settings.enable_chunked_prefill,
         static_batching=settings.static_batching,
     )
@@ -118,7 +123,9 @@ class Engine:
         runner_cls: type[ModelRunner] = ModelRunner,  # tests inject faults through a subclass
     ) -> None:
         device = next(model.parameters()).device
-        scheduler_config, runner_config = resolve(settings, context_length(model.config, max_model_len), device)
+        scheduler_config, runner_config = resolve(
+            settings, model.config, context_length(model.config, max_model_len), device
+        )
         eos = model.config.eos_token_ids if eos_token_ids is None else eos_token_ids
         self.eos_token_ids = frozenset(eos)
         self.settings = settings

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from services.worker.engine.chunk_cost import largest_chunk
 from services.worker.engine.kv_cache_manager import KVCacheManager, cdiv
 from services.worker.engine.request import Request, RequestStatus
 from services.worker.engine.sampling_params import SamplingParams
@@ -39,6 +40,9 @@ class SchedulerConfig:
     max_batch_tokens: int = CPU_MAX_BATCH_TOKENS  # tokens computed in one step (the budget)
     max_model_len: int = DEFAULT_MAX_MODEL_LEN  # prompt + output, per request
     long_prefill_token_threshold: int = _SETTINGS.long_prefill_token_threshold  # cap on one chunk; 0 = off
+    # Beside decodes, a chunk's attention over the positions before it counts against the budget: the
+    # model's chunk_cost.attention_parity. 0 = chunks count their tokens alone.
+    attention_parity: int = 0
     enable_chunked_prefill: bool = _SETTINGS.enable_chunked_prefill  # off: a prompt runs whole or waits
     # Baseline for benchmarks: admit a batch, then nothing new until all of it finished.
     static_batching: bool = _SETTINGS.static_batching
@@ -49,6 +53,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0 (0 = off)")
+        if self.attention_parity < 0:
+            raise ValueError("attention_parity must be >= 0 (0 = off)")
 
 
 class ScheduledChunk(NamedTuple):
@@ -97,15 +103,21 @@ class _StepPlan:
 
     budget: int
     num_tokens: dict[Request, int] = field(default_factory=dict)  # tokens this step, in scheduling order
+    charges: dict[Request, int] = field(default_factory=dict)  # budget a chunk took beyond its tokens
     preempted_ids: list[str] = field(default_factory=list)
     num_new_prefills: int = 0
+    num_decodes: int = 0
 
-    def add(self, request: Request, num_tokens: int) -> None:
+    def add(self, request: Request, num_tokens: int, charge: int = 0) -> None:
+        """charge: the budget the request's tokens take, where that is more than their count."""
         self.num_tokens[request] = num_tokens
-        self.budget = max(0, self.budget - num_tokens)
+        if charge > num_tokens:
+            self.charges[request] = charge
+        self.budget = max(0, self.budget - max(num_tokens, charge))
 
     def drop(self, request: Request) -> None:
-        self.budget += self.num_tokens.pop(request, 0)
+        tokens, charge = self.num_tokens.pop(request, 0), self.charges.pop(request, None)
+        self.budget += tokens if charge is None else charge
 
 
 class Scheduler:
@@ -274,14 +286,16 @@ class Scheduler:
                 continue  # preempted earlier in this step
             if fits or allocate(request, 1) is not None or self._preempt_until_fits(request, 1, plan):
                 plan.add(request, 1)
+                plan.num_decodes += 1
         for request in prefills:
             if plan.budget <= 0:
                 return
             if request.status is not running:
                 continue
-            num_new = self._chunk_size(request.num_tokens - request.num_computed_tokens, plan.budget)
+            start = request.num_computed_tokens
+            num_new, charge = self._chunk_size(request.num_tokens - start, start, plan)
             if num_new > 0 and (allocate(request, num_new) is not None or self._preempt_until_fits(request, num_new, plan)):
-                plan.add(request, num_new)
+                plan.add(request, num_new, charge)
 
     def _preempt_until_fits(self, request: Request, num_new: int, plan: _StepPlan) -> bool:
         """Preempt the newest running requests until `request` gets its slots; False if it went itself."""
@@ -316,16 +330,17 @@ class Scheduler:
                 stopped_by_budget = True
                 break
             computed_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
-            num_new = self._admission_size(request.num_tokens - num_hit, plan)
-            if num_new is None:
+            size = self._admission_size(request.num_tokens - num_hit, num_hit, plan)
+            if size is None:
                 stopped_by_budget = True
                 break
+            num_new, charge = size
             if self.kv_cache_manager.allocate_slots(request, num_new, computed_blocks) is None:
                 break
             self.waiting.remove(request.request_id)
             self._admit(request, num_hit)
             self.waiting.on_admitted(request, num_hit)
-            plan.add(request, num_new)
+            plan.add(request, num_new, charge)
             plan.num_new_prefills += 1
         # A static batch takes whatever waits (up to the caps) and then closes; it
         # stays open only while it is still filling and merely out of budget.
@@ -338,25 +353,32 @@ class Scheduler:
             return self.waiting.peek()
         return next((r for r in self.waiting if r.request_id in self._static_batch), None)
 
-    def _admission_size(self, num_remaining: int, plan: _StepPlan) -> int | None:
-        """Tokens of a waiting request to compute this step, or None if it must wait."""
+    def _admission_size(self, num_remaining: int, start: int, plan: _StepPlan) -> tuple[int, int] | None:
+        """(tokens, charge) of a waiting request to compute this step, or None if it must wait."""
         if self.config.enable_chunked_prefill:
-            return self._chunk_size(num_remaining, plan.budget)
+            return self._chunk_size(num_remaining, start, plan)
         if num_remaining <= plan.budget:
-            return num_remaining
+            return num_remaining, num_remaining
         # Without chunking, a prompt larger than the whole budget would never fit:
         # it goes in over budget as the step's only new prompt, beside the decodes.
         if num_remaining > self.config.max_batch_tokens and plan.num_new_prefills == 0:
-            return num_remaining
+            return num_remaining, num_remaining
         return None
 
-    def _chunk_size(self, num_remaining: int, budget: int) -> int:
+    def _chunk_size(self, num_remaining: int, start: int, plan: _StepPlan) -> tuple[int, int]:
+        """(tokens, charge): the prompt tokens after `start` to compute this step and the budget they take.
+        Beside decodes, whose next tokens wait for the step, a chunk takes no more work than the budget
+        left would on a fresh prompt (chunk_cost.py)."""
         if not self.config.enable_chunked_prefill:
-            return num_remaining
+            return num_remaining, num_remaining
         threshold = self.config.long_prefill_token_threshold
         if threshold > 0:
             num_remaining = min(num_remaining, threshold)
-        return min(num_remaining, budget)
+        parity = self.config.attention_parity
+        if parity and plan.num_decodes and start:
+            return largest_chunk(num_remaining, start, plan.budget, parity)
+        tokens = min(num_remaining, plan.budget)
+        return tokens, tokens
 
     def _admit(self, request: Request, num_hit: int) -> None:
         request.status = RequestStatus.RUNNING
