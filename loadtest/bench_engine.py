@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-tokens", type=int, default=512, help="token budget per step when chunking")
     parser.add_argument("--long-prompt-tokens", type=int, help="long_prompt: the prompt that arrives (default 2048)")
     parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads (the box may be shared)")
+    parser.add_argument("--structured-model", default="tiny", choices=["tiny", "smollm2"],
+                        help="structured: the model with a tokenizer it runs (smollm2: its own weights)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), help="default: cpu on a CPU, wall on a GPU")
     parser.add_argument("--json", type=Path, default=RESULTS / "engine.json")
     args = parser.parse_args(argv)

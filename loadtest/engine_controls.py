@@ -106,14 +106,15 @@ def structured_step_seconds(llm, constrained: bool, tag: str, clock) -> list[flo
 
 
 def structured(model: LlamaModel, sizes: Sizes, args: argparse.Namespace) -> dict:
-    """The `tiny` shape with its tokenizer (the grammar needs one), so the weights are its own.
-    Rounds interleaved, each side first in turn; the ratio is the median of the rounds' ratios."""
+    """`--structured-model` with its tokenizer (the grammar needs one), so the weights are its own: the
+    `tiny` shape's random ones, or SmolLM2's, whose draws its grammar mostly allows. Rounds interleaved,
+    each side first in turn; the ratio is the median of the rounds' ratios."""
     from services.worker.engine.llm_engine import build_llm_engine
     from shared.models.spec import resolve_model
 
     torch.manual_seed(0)  # the unseeded draws come from the global generator
     settings = EngineSettings(max_num_seqs=BATCH, max_batch_tokens=BATCH * PROMPT, num_kv_blocks=BATCH * 40)
-    llm = build_llm_engine(resolve_model("tiny"), settings, str(next(model.parameters()).device))
+    llm = build_llm_engine(resolve_model(args.structured_model), settings, str(next(model.parameters()).device))
     rounds: dict[str, list[float]] = {"plain": [], "json_schema": []}
     for r in range(STRUCTURED_ROUNDS):
         sides = [("plain", False), ("json_schema", True)]
@@ -123,7 +124,7 @@ def structured(model: LlamaModel, sizes: Sizes, args: argparse.Namespace) -> dic
     ratios = [j / p for p, j in zip(rounds["plain"], rounds["json_schema"])]
     plain, constrained = statistics.median(rounds["plain"]), statistics.median(rounds["json_schema"])
     return {
-        "batch": BATCH, "rounds": STRUCTURED_ROUNDS, "timed_steps_per_round": MEASURED_STEPS,
+        "model": args.structured_model, "batch": BATCH, "rounds": STRUCTURED_ROUNDS, "timed_steps_per_round": MEASURED_STEPS,
         "schema": SCHEMA, "rows_sampled_in_each_timed_step": BATCH,
         "step_s_plain": plain, "step_s_json_schema": constrained,
         "json_schema_step_over_plain": statistics.median(ratios), "ratio_of_medians": constrained / plain,

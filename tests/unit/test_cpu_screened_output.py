@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import re
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from kernels import cpu_screened_output
 from services.worker.engine import screened_output
 from services.worker.engine.cpu_linear import use_cpu_linear_
 from services.worker.engine.engine import Engine
+from services.worker.engine.grammar_mask import apply_token_bitmask
 from services.worker.engine.logits_processors import PendingTokens
 from services.worker.engine.model import LlamaModel
 from services.worker.engine.request import Request
@@ -446,3 +449,109 @@ def test_compiled_steps_of_few_rows_keep_the_output_layer_and_steps_of_more_are_
     tokens, screened = screened_steps(compiled, unseeded)
     assert screened >= sampled.max_tokens - 1 and all(len(t) == 8 for t in tokens)
 
+
+
+# --- rows under a grammar: drawn through the screen, checked, drawn again masked where refused ----------
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from shared.models.spec import resolve_model
+    from shared.models.tokenizer import Tokenizer
+
+    return Tokenizer.from_folder(resolve_model("tiny").tokenizer_folder)
+
+
+@pytest.fixture(scope="module")
+def compiler(tokenizer):
+    from services.worker.engine.grammar_compiler import GrammarCompiler
+
+    made = GrammarCompiler(tokenizer, SHAPES["tiny"].vocab_size, (2,))
+    yield made
+    made.close()
+
+
+def constrained_steps(engine: Engine, requests: list[Request], constraint, compiler) -> tuple[list[list[int]], int, int]:
+    """The requests' tokens, each under its own matcher of the constraint; how many times the screen ran,
+    and how many rows took their grammar's whole mask."""
+    masked = 0
+    bitmask = engine.grammars.bitmask
+
+    def counted(sample_ids, device):
+        nonlocal masked
+        out = bitmask(sample_ids, device)
+        masked += 0 if out is None else len(out[0])
+        return out
+
+    engine.grammars.bitmask = counted
+    for request in requests:
+        engine.add_request(request, compiler.matcher(constraint))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        while engine.has_unfinished_requests():
+            engine.step()
+    screened = sum(event.name == "drivetrain::screened_tokens" for event in profile.events())
+    return [request.output_token_ids for request in requests], screened, masked
+
+
+def top_token_texts(model: LlamaModel, prompt: list[int], tokenizer, ranks: range) -> tuple[list[str], torch.Tensor]:
+    """The texts of the prompt's next tokens at these ranks of the model's float32 logits, and the logits."""
+    with torch.no_grad():
+        logits = model.dense_forward(torch.tensor(prompt))[-1]
+    order = logits.argsort(descending=True).tolist()
+    texts = [tokenizer.decode([order[r]], skip_special_tokens=False) for r in ranks]
+    return [t for t in texts if t.strip() and '"' not in t and "\\" not in t], logits
+
+
+def test_greedy_rows_under_a_grammar_give_the_tokens_of_an_engine_without_the_screen(
+        tied: LlamaModel, tokenizer, compiler, one_torch_thread) -> None:
+    from services.worker.engine.types import Constraint
+
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = [list(range(3 + i, 30 + 2 * i)) for i in range(SCREENED_AMONG_OTHERS)]
+    texts, _ = top_token_texts(tied, prompts[0], tokenizer, range(0, 12, 2))
+    constraint = Constraint("regex", "(" + "|".join(map(re.escape, texts)) + ")[a-z ]{0,40}")
+
+    def requests() -> list[Request]:
+        return [Request(f"g{i}", p, greedy) for i, p in enumerate(prompts)]
+
+    ours, screened, masked = constrained_steps(engine_of(tied, True), requests(), constraint, compiler)
+    theirs, none, every = constrained_steps(engine_of(tied, False), requests(), constraint, compiler)
+    assert ours == theirs and none == 0 and screened >= 2
+    assert 0 < masked < every  # some rows kept the screen's token; the others took their mask
+
+
+def test_sampled_rows_under_a_grammar_draw_from_the_softmax_of_the_tokens_it_allows(
+        tied: LlamaModel, tokenizer, compiler, one_torch_thread) -> None:
+    """The first token of a prompt whose likeliest tokens the grammar partly allows, drawn 2,560 times at
+    temperature 1: the screen's draw kept where allowed, drawn again masked where not, lands on each
+    allowed token as often as the float32 softmax over the allowed tokens says, and never elsewhere."""
+    from services.worker.engine.grammar_matchers import GrammarMatchers
+    from services.worker.engine.types import Constraint
+
+    prompt = list(range(11, 40))
+    texts, logits = top_token_texts(tied, prompt, tokenizer, range(1, 16, 2))
+    constraint = Constraint("choice", json.dumps(texts))
+    matchers = GrammarMatchers(SHAPES["tiny"].vocab_size)
+    matchers.add("r", compiler.matcher(constraint))
+    rows, bitmask = matchers.bitmask(["r"], torch.device("cpu"))
+    allowed_logits = logits.clone().unsqueeze(0)
+    apply_token_bitmask(allowed_logits, rows, bitmask)
+    expected = torch.softmax(allowed_logits[0].double(), dim=0)
+
+    engine = engine_of(tied, True)
+    drawn: list[int] = []
+    masked_rows = 0
+    sampled = SamplingParams(max_tokens=1, temperature=1.0, ignore_eos=True)
+    for batch in range(40):
+        tokens, screened, masked = constrained_steps(
+            engine, [Request(f"s{batch}-{i}", prompt, sampled) for i in range(64)], constraint, compiler)
+        assert screened >= 1
+        drawn += [t[0] for t in tokens]
+        masked_rows += masked
+    assert 0.05 < masked_rows / len(drawn) < 0.95  # both ways of drawing were taken
+    counts = torch.bincount(torch.tensor(drawn), minlength=len(expected)).double()
+    assert counts[expected == 0].sum() == 0
+    likely = (expected > 0.01).nonzero().flatten()
+    for token in likely.tolist():
+        p, n = float(expected[token]), len(drawn)
+        assert abs(counts[token] - n * p) <= 5 * (n * p * (1 - p)) ** 0.5 + 1, (token, counts[token], n * p)

@@ -137,5 +137,44 @@ def test_matchers_fill_the_batch_mask_and_end_with_the_grammar(tokenizer):
     compiler.close()
 
 
+def test_a_token_is_refused_exactly_where_the_batch_mask_leaves_it_out(tokenizer):
+    compiler = GrammarCompiler(tokenizer, 49152, (2,))
+    matchers = GrammarMatchers(49152)
+    matchers.add("r", compiler.matcher(Constraint("json_schema", json.dumps(SCHEMA))))
+    candidates = list(range(0, 49152, 7))
+    for text in ("", '{"n"', ": 1"):
+        for token in tokenizer.encode(text, add_special_tokens=False):
+            assert not matchers.refused(["r"], [token]) and not matchers.accept("r", token)
+        rows, bitmask = matchers.bitmask(["r"], torch.device("cpu"))
+        logits = torch.zeros(1, 49152)
+        apply_token_bitmask(logits, rows, bitmask)
+        allowed = set(torch.isfinite(logits[0]).nonzero().flatten().tolist())
+        refused = matchers.refused(["r"] * len(candidates), candidates)
+        assert {candidates[i] for i in refused} == set(candidates) - allowed
+        assert matchers.refused(["other", "r"], [candidates[refused[0]]] * 2) == [1]  # no grammar, no refusal
+    compiler.close()
+
+
+def test_a_request_whose_draws_its_grammar_keeps_refusing_is_checked_ever_less_often(tokenizer):
+    compiler = GrammarCompiler(tokenizer, 49152, (2,))
+    matchers = GrammarMatchers(49152)
+    matchers.add("r", compiler.matcher(Constraint("json_schema", json.dumps(SCHEMA))))
+    never = tokenizer.encode("}", add_special_tokens=False)[0]  # not before the object opens
+    allowed = tokenizer.encode("{", add_special_tokens=False)[0]
+    gaps = []
+    for _ in range(6):
+        assert matchers.worth_checking("r") and matchers.refused(["r"], [never]) == [0]
+        skipped = 0
+        while not matchers.worth_checking("r"):
+            skipped += 1
+        gaps.append(skipped)
+    assert gaps == [1, 3, 7, 15, 15, 15]
+    # worth_checking has just said yes: a draw the grammar allows is taken, and the next step checks again
+    assert matchers.refused(["r"], [allowed]) == [] and matchers.worth_checking("r")
+    matchers.remove("r")
+    assert matchers.worth_checking("r")
+    compiler.close()
+
+
 def test_llguidance_does_not_need_torch_at_the_edge():
     assert "torch" not in llguidance.__dict__

@@ -297,31 +297,44 @@ class ModelRunner:
 
     def _screened_rows(self, inputs: StepInputs) -> list[int]:
         """The sampled rows whose tokens come from the output screen (screened_output.py): those whose
-        logits nothing touches, greedy or drawn from the whole vocabulary, where the plan for a step of
-        its size ends at the final norm (a graph's, or the eager step's after it, whose output layer is
-        oneDNN's float32 product; with no graphs at all, every step), and they are every sampled row
-        or at least SCREENED_AMONG_OTHERS of them; else none."""
+        logits nothing else touches, greedy or drawn from the whole vocabulary (a grammar's rows too: a
+        draw their grammar refuses is drawn again, masked), where the plan for a step of its size ends at
+        the final norm (a graph's, or the eager step's after it, whose output layer is oneDNN's float32
+        product; with no graphs at all, every step), and they are every sampled row or at least
+        SCREENED_AMONG_OTHERS of them; else none."""
         if self.screened_output is None:
             return []
-        grammars = self.grammars if self.grammars is not None else {}
-        rows = [row for row, (request_id, params) in enumerate(zip(inputs.sample_ids, inputs.sampling, strict=True))
-                if screens(params) and request_id not in grammars]
+        grammars = self.grammars
+        if grammars is None or not len(grammars):
+            rows = [row for row, params in enumerate(inputs.sampling) if screens(params)]
+        else:
+            rows = [row for row, (request_id, params) in enumerate(zip(inputs.sample_ids, inputs.sampling, strict=True))
+                    if screens(params) and (request_id not in grammars or grammars.worth_checking(request_id))]
         if not rows or (len(rows) < len(inputs.sample_ids) and len(rows) < SCREENED_AMONG_OTHERS):
             return []
         return rows if self.decode_graphs is None or not self._graph_ends_with_logits(inputs) else []
 
     def _screened_step(self, inputs: StepInputs, screened: list[int], pending: PendingTokens | None) -> PendingStep:
-        """The screened rows' tokens from the screen; the others' from their float32 logits, as `_sampled` draws."""
+        """The screened rows' tokens from the screen, where their grammar allows them; the others' from their
+        float32 logits, as `_sampled` draws. Drawn from the whole vocabulary, a token the grammar allows is a
+        draw from what its mask keeps (the argmax of those, for a greedy row), so only a refused row takes
+        its mask and its row of logits."""
         states = self._final_states(inputs)  # (S, C)
         if states is None:
             return NOTHING_DRAWN
+        everyone = len(screened) == len(inputs.sample_ids)
+        index = on_device(screened, torch.int64, states.device)
+        params = [inputs.sampling[row] for row in screened]
+        drawn = self.screened_output.tokens(states if everyone else states[index], params)
+        if self.grammars is not None and len(self.grammars):
+            refused = set(self.grammars.refused([inputs.sample_ids[row] for row in screened], drawn.tolist()))
+            screened = [row for i, row in enumerate(screened) if i not in refused]
         if len(screened) == len(inputs.sample_ids):
-            return self._drawn_step(inputs, self.screened_output.tokens(states, inputs.sampling), None)
+            return self._drawn_step(inputs, drawn, None)
         chosen = set(screened)
         others = [row for row in range(len(inputs.sample_ids)) if row not in chosen]
         tokens = torch.empty(len(inputs.sample_ids), dtype=torch.int64, device=states.device)
-        index = on_device(screened, torch.int64, states.device)
-        tokens[index] = self.screened_output.tokens(states[index], [inputs.sampling[row] for row in screened])
+        tokens[index] = drawn
         index = on_device(others, torch.int64, states.device)
         drawn, logprobs = self._sampled(self.model.compute_logits(states[index]), inputs.of_sampled(others),
                                         pending.of_sampled(others) if pending is not None else None)

@@ -3,8 +3,8 @@ where the screen cannot decide.
 
 A float32 model's output layer is the largest product of a step: 49,152 x 576 weights for SmolLM2,
 a fifth of a step's arithmetic at 64 rows and of its bytes at one. A row decoded greedily, or sampled at
-a temperature from its whole vocabulary, with nothing done to its logits (no penalty, bias, grammar,
-top-k, top-p, seed or log-probabilities), needs neither every logit nor all of their float32 bits: the
+a temperature from its whole vocabulary, with nothing done to its logits (no penalty, bias, top-k,
+top-p, seed or log-probabilities; a grammar's rows are checked after the draw, model_runner.py), needs neither every logit nor all of their float32 bits: the
 screen multiplies in bfloat16 through oneDNN, and the C++ kernel (kernels/cpu_screened_output.py)
 rescores in float32 the tokens the screen's bounds leave open. A greedy row's token is the one every
 float32 logit would have picked; a sampled row's is drawn from the same softmax of float32 logits, by
@@ -85,6 +85,6 @@ def screens(params: SamplingParams) -> bool:
     """Whether the screen can give a row its token: its logits untouched and no log-probabilities, and
     either greedy or drawn from its whole vocabulary by the shared random stream (no top-k or top-p; no
     seed, whose draws must not depend on the path its step took). A grammar's rows are the caller's to
-    exclude."""
+    check: a draw from the whole vocabulary that the grammar allows is a draw from what its mask keeps."""
     return (not params.processes_logits and params.logprobs is None
             and (params.greedy or (params.top_k == 0 and params.top_p == 1.0 and params.seed is None)))
