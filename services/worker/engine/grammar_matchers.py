@@ -1,11 +1,12 @@
 """Each constrained request's grammar state: the token mask of its next step, filled for the whole batch
-in one call into the grammar library (which fills rows in parallel, without the GIL), and the state
-advanced by each token sampled."""
+in one call into the grammar library (which fills rows in parallel, without the GIL), or the far cheaper
+check of a token drawn without it, and the state advanced by each token sampled."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import llguidance
 import numpy as np
@@ -13,7 +14,20 @@ import torch
 
 log = logging.getLogger(__name__)
 
-MOST_STEPS_UNCHECKED = 15
+MOST_STEPS_UNCHECKED = 15  # the longest a request whose draws its grammar keeps refusing goes unchecked
+
+
+@dataclass(slots=True)
+class _Refusals:
+    """A request whose last draws its grammar refused: how many in a row, and the steps left before the next
+    is checked."""
+
+    in_a_row: int = 0
+    steps_left: int = 0
+
+    def refused_again(self) -> None:
+        self.in_a_row += 1
+        self.steps_left = min(2**self.in_a_row - 1, MOST_STEPS_UNCHECKED)
 
 
 class GrammarMatchers:
@@ -21,7 +35,7 @@ class GrammarMatchers:
         self.vocab_size = vocab_size
         self._words = (vocab_size + 31) // 32
         self._matchers: dict[str, llguidance.LLMatcher] = {}
-        self._waits: dict[str, list[int]] = {}  # [refusals in a row, steps left before the next check]
+        self._refusals: dict[str, _Refusals] = {}
         self._executor = llguidance.LLExecutor()
 
     def __len__(self) -> int:
@@ -35,7 +49,7 @@ class GrammarMatchers:
 
     def remove(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
-        self._waits.pop(request_id, None)
+        self._refusals.pop(request_id, None)
 
     def bitmask(
         self, sample_ids: Sequence[str], device: torch.device
@@ -59,29 +73,26 @@ class GrammarMatchers:
         mask at once: after each refusal in a row, the request waits twice as many steps as before it is
         checked again (up to MOST_STEPS_UNCHECKED), since a model that keeps drawing what its grammar
         refuses pays for the unmasked draw and then for its mask."""
-        wait = self._waits.get(request_id)
-        if wait is None:
+        refusals = self._refusals.get(request_id)
+        if refusals is None or refusals.steps_left == 0:
             return True
-        if wait[1] > 0:
-            wait[1] -= 1
-            return False
-        return True
+        refusals.steps_left -= 1
+        return False
 
     def refused(self, sample_ids: Sequence[str], tokens: Sequence[int]) -> list[int]:
         """The positions whose token the request's grammar does not allow next (a microsecond or so a row,
         where its whole mask takes ~100): a draw its grammar allows is a draw from what the mask keeps."""
-        matchers, waits = self._matchers, self._waits
+        matchers, refusals = self._matchers, self._refusals
         refused = []
         for i, (request_id, token) in enumerate(zip(sample_ids, tokens, strict=True)):
             matcher = matchers.get(request_id)
             if matcher is None:
                 continue
             if matcher.validate_tokens([token]) == 1:
-                waits.pop(request_id, None)
+                refusals.pop(request_id, None)
                 continue
             refused.append(i)
-            misses = waits[request_id][0] + 1 if request_id in waits else 1
-            waits[request_id] = [misses, min(2**misses - 1, MOST_STEPS_UNCHECKED)]
+            refusals.setdefault(request_id, _Refusals()).refused_again()
         return refused
 
     def accept(self, request_id: str, token: int) -> bool:
