@@ -8,6 +8,7 @@ import llguidance
 import pytest
 import torch
 
+from kernels import cpu_token_bitmask
 from services.edge.protocol import ChatFrame, ChatMessage
 from services.edge.structured_request import (
     FunctionName,
@@ -18,6 +19,7 @@ from services.edge.structured_request import (
     ToolSpec,
     request_grammar,
 )
+from services.worker.engine import grammar_mask
 from services.worker.engine.grammar_compiler import GrammarCompiler
 from services.worker.engine.grammar_mask import apply_token_bitmask
 from services.worker.engine.grammar_matchers import GrammarMatchers
@@ -30,7 +32,17 @@ from shared.models.tokenizer import Tokenizer
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
 
 
-def test_mask_keeps_only_allowed_tokens_and_leaves_other_rows_alone():
+@pytest.fixture(params=["kernel", "tensors"])
+def mask_path(request, monkeypatch):
+    """Each mask test runs through the C++ kernel and through the tensor operations that serve without it."""
+    if request.param == "kernel":
+        assert cpu_token_bitmask.available()  # built on this machine: the test reaches it
+    else:
+        monkeypatch.setattr(grammar_mask.cpu_token_bitmask, "serves", lambda logits: False)
+    return request.param
+
+
+def test_mask_keeps_only_allowed_tokens_and_leaves_other_rows_alone(mask_path):
     logits = torch.arange(3 * 40, dtype=torch.float32).reshape(3, 40)  # (S, V), V not a multiple of 32
     before = logits.clone()
     bitmask = torch.zeros(1, 2, dtype=torch.int32)
@@ -42,19 +54,25 @@ def test_mask_keeps_only_allowed_tokens_and_leaves_other_rows_alone():
     assert allowed == [3, 31, 37] and logits[1, 37] == before[1, 37]
 
 
-def test_mask_of_random_words_equals_a_bit_by_bit_reading():
+def test_mask_of_random_words_equals_a_bit_by_bit_reading(mask_path):
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(5, 100, generator=gen)
     bitmask = torch.randint(-(2**31), 2**31 - 1, (5, 4), dtype=torch.int32, generator=gen)
+    bitmask[1, 1], bitmask[2, 2], bitmask[3, 3] = 0, -1, 0  # words that allow none and all of theirs
     allowed = torch.tensor([[bool((int(bitmask[r, t // 32]) >> (t % 32)) & 1) for t in range(100)] for r in range(5)])
     expected = logits.masked_fill(~allowed, float("-inf"))
     assert torch.equal(apply_token_bitmask(logits, torch.arange(5), bitmask), expected)
 
 
-def test_mask_narrower_than_the_logits_allows_nothing_past_its_end():
+def test_mask_narrower_than_the_logits_allows_nothing_past_its_end(mask_path):
     logits = torch.zeros(1, 40)
     apply_token_bitmask(logits, torch.tensor([0]), torch.full((1, 1), -1, dtype=torch.int32))
     assert torch.isfinite(logits[0, :32]).all() and torch.isinf(logits[0, 32:]).all()
+
+
+def test_mask_kernel_refuses_a_row_the_logits_lack():
+    with pytest.raises(RuntimeError, match="not a row"):
+        cpu_token_bitmask.apply_token_bitmask(torch.zeros(2, 40), torch.tensor([2]), torch.zeros(1, 2, dtype=torch.int32))
 
 
 def frame(**fields) -> ChatFrame:

@@ -1,10 +1,13 @@
 """A batch's grammar masks applied to its logits in one step: rows with a grammar keep only the tokens
-their grammar allows next; the other rows are not touched."""
+their grammar allows next; the other rows are not touched. On the CPU, float32 logits take the C++
+kernel (kernels/cpu_token_bitmask.py) where it is built; elsewhere, tensor operations."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from kernels import cpu_token_bitmask
 
 # What adding to a logit does for each value of one mask byte: 0 keeps the 8 tokens it allows,
 # -inf removes the others. One table lookup per byte spares a pass per bit and a masked fill.
@@ -16,6 +19,9 @@ def apply_token_bitmask(
     rows: torch.Tensor,  # (R,) int64: the rows that have a grammar
     bitmask: torch.Tensor,  # (R, ceil(V / 32)) int32: bit j of word w allows token 32 * w + j
 ) -> torch.Tensor:
+    if cpu_token_bitmask.serves(logits):
+        cpu_token_bitmask.apply_token_bitmask(logits, rows.long().contiguous(), bitmask.contiguous())
+        return logits
     vocab = logits.shape[1]
     table = _PER_BYTE.to(logits.device, logits.dtype)
     # Little-endian words: byte b of the flat mask holds tokens 8b .. 8b+7, lowest bit first.

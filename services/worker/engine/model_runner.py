@@ -19,7 +19,7 @@ import numpy as np
 import psutil
 import torch
 
-from kernels import cpu_elementwise, cpu_inverse_cdf, cpu_paged_decode, cpu_prefill_attention
+from kernels import cpu_elementwise, cpu_inverse_cdf, cpu_paged_decode, cpu_prefill_attention, cpu_token_bitmask
 from services.worker.engine.attention import AttentionMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
 from services.worker.engine.cpu_graphs import CpuDecodeGraphs
@@ -238,6 +238,7 @@ class ModelRunner:
                                      and cpu_paged_decode.supports(model.config.head_dim, self.kv_dtype))
         if self.device.type == "cpu":
             cpu_inverse_cdf.available()  # built now, not in the first sampled request's step
+            cpu_token_bitmask.available()  # nor in the first constrained request's
         if self.device.type == "cpu" and self.dtype == torch.float32:
             cpu_elementwise.available()  # built now, not in the first request's prompt step
             cpu_prefill_attention.available()
