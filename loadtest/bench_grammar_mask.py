@@ -14,6 +14,7 @@ import json
 import statistics
 import time
 import unittest.mock
+from pathlib import Path
 
 import kernel_bench
 import numpy as np
@@ -105,7 +106,7 @@ def main() -> int:
         "targets": {"kernel_over_tensor_operations_worst": {"value": worst, "target": "<= 1.0", "met": worst <= 1.0}},
     }
 
-    def plot(results: dict, path) -> object:
+    def plot(results: dict, path: Path) -> Path | None:
         cases = results["masks"]
         return paired_bars(path, [f"{c['rows']} row(s)" for c in cases],
                            {"tensor operations": [c["references_ms"] for c in cases],
