@@ -4,6 +4,8 @@ the helpers every fault test streams with."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -45,6 +47,28 @@ def make_fleet(topics, fleet_logs) -> Iterator[Callable[..., Fleet]]:
 
 def quiet(_: str) -> None:
     pass
+
+
+def freeze(pid: int, within_s: float = 5.0) -> None:
+    """SIGSTOP the process and return once every thread of it has stopped: kill() only queues the signal,
+    and a broker thread still running could acknowledge one more record that a test sends as if to a
+    silent broker."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + within_s
+    while not all_threads_stopped(pid):
+        assert time.monotonic() < deadline, f"process {pid} did not stop within {within_s} s"
+        time.sleep(0.001)
+
+
+def all_threads_stopped(pid: int) -> bool:
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            text = stat.read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that has ended
+        if text[text.rindex(")") + 2] not in "TtZX":  # stopped, traced, or gone
+            return False
+    return True
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from shared.infra import kafka
 from shared.infra.command import create_topics
 from shared.topics import TopicLayout
 from tests.conftest import start_fleet
-from tests.fault.conftest import quiet, start_streams
+from tests.fault.conftest import freeze, quiet, start_streams
 
 # What a service's log shows when it exits with a client, socket or task never closed: aiokafka's,
 # redis-py's and asyncio's own reports (some logged always, the rest as ResourceWarnings); when its
@@ -40,7 +40,7 @@ async def test_every_service_stops_cleanly_and_closes_its_clients(broker: str, o
     assert pid is not None
     try:
         if broker == "gone mid-admission":
-            os.kill(pid, signal.SIGSTOP)  # the chats' requests reach it, and are never acknowledged
+            freeze(pid)  # the chats' requests reach it, and are never acknowledged
         sockets, _ = await start_streams(fleet.spec.chat_url(0), 2, words=20)
         for sock in sockets:
             await sock.close()

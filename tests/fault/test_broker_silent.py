@@ -22,6 +22,7 @@ from shared.kafka_clients import PARK_WITHIN_S, DeadLetters, make_producer
 from shared.service_settings import KafkaSettings
 from shared.topics import TopicLayout
 from tests.conftest import start_fleet
+from tests.fault.conftest import freeze
 
 ADMIT_TIMEOUT_S = EdgeSettings.model_fields["admit_timeout_s"].default
 SLACK_S = 3.0  # the refusal's trip back, on a loaded machine
@@ -39,7 +40,7 @@ async def test_a_chat_is_refused_in_time_while_the_broker_is_silent(own_broker, 
         await sock.chat("long", " ".join(f"w{i}" for i in range(300)))  # 6 s of tokens
         assert (await sock.next_frame("long"))["type"] == "accepted"
         assert (await sock.next_frame("long"))["type"] == "token"
-        os.kill(broker, signal.SIGSTOP)
+        freeze(broker)
         sent = time.monotonic()
         await sock.send({"type": "cancel", "id": "long"})
         await sock.chat("silent", "nobody takes this")
@@ -73,7 +74,7 @@ async def test_a_record_is_skipped_in_time_when_the_broker_is_silent_to_its_dead
     assert broker is not None
     try:
         await letters.park(poison, "garbage")  # a broker that answers takes it
-        os.kill(broker, signal.SIGSTOP)
+        freeze(broker)
         started = time.monotonic()
         await letters.park(poison, "garbage")
         assert time.monotonic() - started < PARK_WITHIN_S + SLACK_S
