@@ -3,13 +3,15 @@
 //
 // Bound by arithmetic: a long prompt's scores are most of its attention's work. A task takes one KV head
 // and a run of the chunk's query positions, the query heads sharing that KV head folded in as rows, so the
-// keys and values are read once for all of them. It goes over the keys the run's last position sees in
-// blocks: a block's scores are one matrix product (BLAS), then each row's exponentials over the keys its
-// own position sees (the rest zeroed: at most the run's length, where the fused kernel computes whole
-// blocks of 512 keys past the diagonal), then the values' weighted sums a second product, added to the
-// earlier blocks' once those are rescaled to the new running maximum. Blocks bound a thread's scratch
-// whatever the context (at 8,000 and 16,000 keys, blocks of 512 to 4,096 took the same time); a context of
-// up to 2,048 keys is one block and needs no rescale. Threads take runs of tasks of about equal work.
+// keys and values are read once for all of them. Rows lie along the vector lanes (queries, scores and
+// weighted sums are held transposed), so each key's score for a tile of rows is a vector, built in
+// registers from the key's elements broadcast one by one: no key or value is ever copied or transposed,
+// and the softmax's running maxima, sums and rescaling are lane-wise. The keys are taken in blocks: a
+// block's scores (tiles of keys by rows), then each row's exponentials over the keys its own position
+// sees (the rest zeroed), then the values' weighted sums (tiles of head dims by rows), added to the
+// earlier blocks' once those are rescaled to the new running maximum. This replaced two BLAS products a
+// block, whose packing of keys, values and scores took a quarter of the time (SmolLM2's heads, 2-core
+// Zen 4, loadtest/bench_cpu_prefill_attention.py). Threads take runs of tasks of about equal work.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -20,66 +22,121 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
-
-// BLAS's single-precision product, from the library PyTorch links (MKL in its x86 wheels), declared as
-// PyTorch's own CPU BLAS calls declare it (32-bit sizes). Weak: where no library provides it, the op says
-// so and the caller keeps PyTorch's own fused attention.
-extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
-                       const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
-                       const float* beta, float* c, const int* ldc) __attribute__((weak));
 
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kLanes = Vec::size();
 
-constexpr int64_t kTaskRows = 96;     // query rows (positions times the heads sharing a KV head) a task takes
-constexpr int64_t kBlockKeys = 2048;  // keys a block's scores cover: 768 KB of them at 96 rows
+// Tiles held in registers: 32 vector registers with AVX-512, 16 with AVX2 (NEON's 32 run the latter).
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr int kRowVectors = 3;  // a tile's rows: 48
+constexpr int kKeysAtOnce = 8;  // a scores tile: 8 keys x 3 row vectors = 24 sums
+constexpr int kDimsAtOnce = 8;  // a values tile: 8 head dims x 3 row vectors
+#else
+constexpr int kRowVectors = 2;
+constexpr int kKeysAtOnce = 6;
+constexpr int kDimsAtOnce = 6;
+#endif
+constexpr int64_t kTileRows = kRowVectors * kLanes;  // a task's rows are padded to whole tiles
+constexpr int64_t kTaskRows = 48;                     // query rows (positions times the heads sharing a KV head)
+constexpr int64_t kBlockKeys = 512;                   // keys a block's scores cover: 96 KB of them at 48 rows
 
-// Row-major c (m x n) = a (m x k) times b (n x k) transposed, or times b (k x n), plus c times beta.
-// BLAS is column-major: c transposed = b's side times a transposed.
-void product(bool b_transposed, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float beta,
-             float* c, int ldc) {
-  const float one = 1.f;
-  sgemm_(b_transposed ? "T" : "N", "N", &n, &m, &k, &one, b, &ldb, a, &lda, &beta, c, &ldc);
-}
-
-float largest(const float* x, int64_t n) {
-  const int64_t lanes = Vec::size();
-  Vec top_lanes(-std::numeric_limits<float>::infinity());
-  int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) top_lanes = at::vec::maximum(top_lanes, Vec::loadu(x + i));
-  float top = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, top_lanes);
-  for (; i < n; ++i) top = std::max(top, x[i]);
-  return top;
-}
-
-// x[0:seen] becomes e^(x - top), x[seen:width] zeros; returns the exponentials' sum.
-float exponentials(float* x, int64_t seen, int64_t width, float top) {
-  const int64_t lanes = Vec::size();
-  const Vec shift(top);
-  Vec sum_lanes(0.f);
-  int64_t i = 0;
-  for (; i + lanes <= seen; i += lanes) {
-    const Vec e = (Vec::loadu(x + i) - shift).exp_u20();
-    e.store(x + i);
-    sum_lanes = sum_lanes + e;
+// sT[j][r] = sum_d keys[j][d] * qT[d][r], for KEYS keys and one tile of rows.
+template <int KEYS>
+inline void scores_tile(const float* qT, int64_t padded, const float* keys, int64_t key_stride, int64_t head_dim,
+                        float* sT) {
+  Vec sums[KEYS][kRowVectors];
+  for (int k = 0; k < KEYS; ++k)
+    for (int v = 0; v < kRowVectors; ++v) sums[k][v] = Vec(0.f);
+  for (int64_t d = 0; d < head_dim; ++d) {
+    Vec queries[kRowVectors];
+    for (int v = 0; v < kRowVectors; ++v) queries[v] = Vec::loadu(qT + d * padded + v * kLanes);
+    for (int k = 0; k < KEYS; ++k) {
+      const Vec element(keys[k * key_stride + d]);
+      for (int v = 0; v < kRowVectors; ++v) sums[k][v] = at::vec::fmadd(element, queries[v], sums[k][v]);
+    }
   }
-  float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum_lanes);
-  for (; i < seen; ++i) {
-    x[i] = std::exp(x[i] - top);
-    sum += x[i];
-  }
-  std::fill(x + seen, x + width, 0.f);
-  return sum;
+  for (int k = 0; k < KEYS; ++k)
+    for (int v = 0; v < kRowVectors; ++v) sums[k][v].store(sT + k * padded + v * kLanes);
 }
 
-// One task's rows: its queries (scaled), running maxima and sums, weighted sums, and a block's scores.
+// oT[d][r] += sum_j values[j][d] * pT[j][r] over n keys, for DIMS head dims and one tile of rows.
+template <int DIMS>
+inline void values_tile(const float* pT, int64_t padded, int64_t n, const float* values, int64_t value_stride,
+                        float* oT) {
+  Vec sums[DIMS][kRowVectors];
+  for (int t = 0; t < DIMS; ++t)
+    for (int v = 0; v < kRowVectors; ++v) sums[t][v] = Vec::loadu(oT + t * padded + v * kLanes);
+  for (int64_t j = 0; j < n; ++j) {
+    Vec weights[kRowVectors];
+    for (int v = 0; v < kRowVectors; ++v) weights[v] = Vec::loadu(pT + j * padded + v * kLanes);
+    const float* value = values + j * value_stride;
+    for (int t = 0; t < DIMS; ++t) {
+      const Vec element(value[t]);
+      for (int v = 0; v < kRowVectors; ++v) sums[t][v] = at::vec::fmadd(element, weights[v], sums[t][v]);
+    }
+  }
+  for (int t = 0; t < DIMS; ++t)
+    for (int v = 0; v < kRowVectors; ++v) sums[t][v].store(oT + t * padded + v * kLanes);
+}
+
+// body(size, i) over [0, n) in steps of SIZE (a compile-time constant, so a tile's sums stay in
+// registers), what is left in steps of 4, 2 and 1.
+template <int SIZE, typename Body>
+void in_tiles(int64_t n, const Body& body) {
+  int64_t i = 0;
+  for (; i + SIZE <= n; i += SIZE) body(std::integral_constant<int, SIZE>{}, i);
+  if constexpr (SIZE > 4)
+    for (; i + 4 <= n; i += 4) body(std::integral_constant<int, 4>{}, i);
+  if constexpr (SIZE > 2)
+    for (; i + 2 <= n; i += 2) body(std::integral_constant<int, 2>{}, i);
+  for (; i < n; ++i) body(std::integral_constant<int, 1>{}, i);
+}
+
+// One task's rows, transposed: queries (scaled), weighted sums and a block's scores, each row a lane; its
+// running maxima and sums; and how many keys each row sees.
 struct Rows {
-  std::vector<float> queries, outs, tops, sums, scores;
-  Rows(int64_t rows, int64_t head_dim, int64_t keys)
-      : queries(rows * head_dim), outs(rows * head_dim), tops(rows), sums(rows), scores(rows * keys) {}
+  std::vector<float> qT, oT, sT, tops, sums, seen;
+  Rows(int64_t padded, int64_t head_dim)
+      : qT(head_dim * padded), oT(head_dim * padded), sT(kBlockKeys * padded), tops(padded), sums(padded),
+        seen(padded) {}
 };
+
+// A block's scores become e^(score - running maximum), zero past what a row sees; the running maxima and
+// sums and the weighted sums so far move to the new maxima. Keys from `diagonal` on are not seen by every row.
+void softmax_block(Rows& held, int64_t padded, int64_t head_dim, int64_t first_key, int64_t n, int64_t diagonal) {
+  const Vec minus_inf(-std::numeric_limits<float>::infinity());
+  float* sT = held.sT.data();
+  for (int64_t r = 0; r < padded; r += kLanes) {
+    const Vec seen = Vec::loadu(held.seen.data() + r);
+    const auto sees = [&](int64_t j) { return Vec(static_cast<float>(first_key + j)) < seen; };  // lanes seeing key j
+    const Vec before = Vec::loadu(held.tops.data() + r);
+    Vec top = before;
+    for (int64_t j = 0; j < n; ++j) {
+      const Vec x = Vec::loadu(sT + j * padded + r);
+      top = at::vec::maximum(top, first_key + j < diagonal ? x : Vec::blendv(minus_inf, x, sees(j)));
+    }
+    // At the first block nothing is held yet (and e^(-inf - top) is not asked for).
+    const Vec rescale = first_key > 0 ? (before - top).exp_u20() : Vec(0.f);
+    Vec sum = first_key > 0 ? Vec::loadu(held.sums.data() + r) * rescale : Vec(0.f);
+    for (int64_t j = 0; j < n; ++j) {
+      Vec e = (Vec::loadu(sT + j * padded + r) - top).exp_u20();
+      if (first_key + j >= diagonal) e = Vec::blendv(Vec(0.f), e, sees(j));
+      e.store(sT + j * padded + r);
+      sum = sum + e;
+    }
+    sum.store(held.sums.data() + r);
+    top.store(held.tops.data() + r);
+    if (first_key > 0)
+      for (int64_t d = 0; d < head_dim; ++d) {
+        float* o = held.oT.data() + d * padded + r;
+        (Vec::loadu(o) * rescale).store(o);
+      }
+  }
+}
 
 struct Task {
   int64_t sequence, kv_head, first, last;  // the sequence's query positions first:last of the chunk
@@ -102,7 +159,9 @@ std::vector<size_t> shares_of(const std::vector<Task>& tasks, int64_t prefix, in
 }
 
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
-  TORCH_CHECK(sgemm_ != nullptr, "prefill_attention: no BLAS sgemm_ in this PyTorch");
+#if !defined(CPU_CAPABILITY_AVX512) && !defined(CPU_CAPABILITY_AVX2) && !defined(__aarch64__)
+  TORCH_CHECK(false, "prefill_attention: built without vector instructions, where PyTorch's fused attention is faster");
+#endif
   TORCH_CHECK(q.dim() == 4 && q.scalar_type() == at::kFloat && q.stride(3) == 1 && q.stride(2) == q.size(3),
               "q: (n, L, Hq, D) float32, each position's heads contiguous");
   TORCH_CHECK(k.dim() == 4 && k.sizes() == v.sizes() && k.scalar_type() == at::kFloat &&
@@ -118,6 +177,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   if (out.numel() == 0) return out;
   const int64_t group = num_q_heads / num_kv_heads, prefix = context - length;
   const int64_t positions = std::max<int64_t>(1, kTaskRows / group);  // a task's query positions
+  const int64_t most_padded = (positions * group + kTileRows - 1) / kTileRows * kTileRows;
 
   std::vector<Task> tasks;
   for (int64_t s = 0; s < n; ++s)
@@ -132,44 +192,46 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   float* op = out.data_ptr<float>();
   const float s = static_cast<float>(scale);
   at::parallel_for(0, threads, 1, [&](int64_t first_share, int64_t last_share) {
-    Rows held(positions * group, head_dim, std::min(context, kBlockKeys));
+    Rows held(most_padded, head_dim);
     for (size_t t = starts[first_share]; t < starts[last_share]; ++t) {
       const Task& task = tasks[t];
       const int64_t rows = (task.last - task.first) * group, width = prefix + task.last;
-      // Row (p, g): position first + p, the KV head's query head g, scaled once here.
-      for (int64_t p = task.first; p < task.last; ++p) {
-        const float* src = qp + task.sequence * q.stride(0) + p * q.stride(1) + task.kv_head * group * head_dim;
-        float* dst = held.queries.data() + (p - task.first) * group * head_dim;
-        for (int64_t i = 0; i < group * head_dim; ++i) dst[i] = src[i] * s;
+      const int64_t padded = (rows + kTileRows - 1) / kTileRows * kTileRows;
+      // Row r: position first + r / group, the KV head's query head r % group. Padding rows (zero queries)
+      // see every key, so that theirs are plain numbers too; they are not written out.
+      std::fill_n(held.qT.begin(), head_dim * padded, 0.f);
+      std::fill_n(held.oT.begin(), head_dim * padded, 0.f);
+      std::fill_n(held.tops.begin(), padded, -std::numeric_limits<float>::infinity());
+      for (int64_t r = 0; r < padded; ++r)
+        held.seen[r] = static_cast<float>(r < rows ? prefix + task.first + r / group + 1 : width);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* src = qp + task.sequence * q.stride(0) + (task.first + r / group) * q.stride(1) +
+                           (task.kv_head * group + r % group) * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) held.qT[d * padded + r] = src[d] * s;
       }
-      std::fill_n(held.tops.begin(), rows, -std::numeric_limits<float>::infinity());
-      std::fill_n(held.sums.begin(), rows, 0.f);
       const float* keys = kp + task.sequence * k.stride(0) + task.kv_head * head_dim;
       const float* values = vp + task.sequence * v.stride(0) + task.kv_head * head_dim;
       for (int64_t first_key = 0; first_key < width; first_key += kBlockKeys) {
-        const int64_t n = std::min(kBlockKeys, width - first_key);
-        product(true, rows, n, head_dim, held.queries.data(), head_dim, keys + first_key * k.stride(1), k.stride(1),
-                0.f, held.scores.data(), n);
-        for (int64_t r = 0; r < rows; ++r) {
-          float* x = held.scores.data() + r * n;
-          const int64_t seen = std::clamp<int64_t>(prefix + task.first + r / group + 1 - first_key, 0, n);
-          const float top = std::max(held.tops[r], largest(x, seen));
-          const float rescale = std::exp(held.tops[r] - top);  // 0 at the first block, 1 where nothing is seen
-          held.sums[r] = held.sums[r] * rescale + exponentials(x, seen, n, top);
-          held.tops[r] = top;
-          if (first_key > 0 && rescale != 1.f)
-            for (int64_t d = 0; d < head_dim; ++d) held.outs[r * head_dim + d] *= rescale;
-        }
-        product(false, rows, head_dim, n, held.scores.data(), n, values + first_key * v.stride(1), v.stride(1),
-                first_key > 0 ? 1.f : 0.f, held.outs.data(), head_dim);
+        const int64_t count = std::min(kBlockKeys, width - first_key);
+        const float* block_keys = keys + first_key * k.stride(1);
+        in_tiles<kKeysAtOnce>(count, [&](auto size, int64_t j) {
+          for (int64_t r = 0; r < padded; r += kTileRows)
+            scores_tile<decltype(size)::value>(held.qT.data() + r, padded, block_keys + j * k.stride(1), k.stride(1),
+                                               head_dim, held.sT.data() + j * padded + r);
+        });
+        softmax_block(held, padded, head_dim, first_key, count, prefix + task.first);
+        const float* block_values = values + first_key * v.stride(1);
+        in_tiles<kDimsAtOnce>(head_dim, [&](auto size, int64_t d) {
+          for (int64_t r = 0; r < padded; r += kTileRows)
+            values_tile<decltype(size)::value>(held.sT.data() + r, padded, count, block_values + d, v.stride(1),
+                                               held.oT.data() + d * padded + r);
+        });
       }
-      for (int64_t p = task.first; p < task.last; ++p) {
-        float* dst = op + ((task.sequence * length + p) * num_q_heads + task.kv_head * group) * head_dim;
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t r = (p - task.first) * group + g;
-          const float inverse_sum = 1.f / held.sums[r];
-          for (int64_t d = 0; d < head_dim; ++d) dst[g * head_dim + d] = held.outs[r * head_dim + d] * inverse_sum;
-        }
+      for (int64_t r = 0; r < rows; ++r) {
+        float* dst = op + ((task.sequence * length + task.first + r / group) * num_q_heads + task.kv_head * group +
+                           r % group) * head_dim;
+        const float inverse_sum = 1.f / held.sums[r];
+        for (int64_t d = 0; d < head_dim; ++d) dst[d] = held.oT[d * padded + r] * inverse_sum;
       }
     }
   });

@@ -5,8 +5,9 @@ block on the diagonal is computed whole, masked half included: at a chunk of 512
 own keys cost twice their work, and a cached prefix is a second call merged by log-sum-exps. The kernel
 takes a chunk's causal attention over its prefix and itself in one call, the query heads that share a KV
 head together, and stops each run of rows at the last key it sees. It is float32 only; cpu_attention.py
-sends eager float32 prompt steps here once it is built and has found BLAS (cpu_extension.py), and keeps
-the fused kernel elsewhere.
+sends eager float32 prompt steps here once it is built for the CPU's vector instructions (cpu_extension.py;
+a build without them refuses to run, where the fused kernel's BLAS products are faster), and keeps the fused
+kernel elsewhere.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ SOURCE = Path(__file__).with_suffix(".cpp")
 
 @functools.cache
 def available() -> bool:
-    """Whether the kernel is built, registered and finds BLAS's product (building it now if needed, once
-    per process)."""
+    """Whether the kernel is built, registered and runs here (building it now if needed, once per
+    process)."""
     if not cpu_extension.build(SOURCE, "the CPU prompt attention kernel", "prompts use PyTorch's fused attention"):
         return False
     torch.library.register_fake("drivetrain::cpu_prefill_attention")(_shape_of_output)
-    try:  # the product is BLAS's, from the library this PyTorch links, if it links one
+    try:  # a build without vector instructions refuses to run
         one = torch.ones(1, 1, 1, 1)
         torch.ops.drivetrain.cpu_prefill_attention(one, one, one, 1.0)
     except RuntimeError as exc:

@@ -1,7 +1,7 @@
 """The C++ prompt attention kernel (kernels/cpu_prefill_attention.cpp): each position's causal attention
 over its prefix and its chunk equals dense attention in float64, at head groups and sizes the models
-use, chunks shorter and longer than a task's run of rows, contexts of one block of keys and of
-several, over strided views as the model passes them;
+use and at head dims that leave parts of a tile, chunks shorter and longer than a task's run of rows,
+contexts of one block of keys and of several, over strided views as the model passes them;
 eager float32 prompt steps take it, other dtypes and traced graphs keep the fused kernel; what it does
 not take is an error, not a crash."""
 
@@ -46,10 +46,15 @@ def _case(n: int, length: int, context: int, num_q_heads: int, num_kv_heads: int
     (1, 33, 50),  # a chunk after a prefix, its runs of rows cut mid-chunk
     (2, 100, 612),
     (1, 512, 2000),  # the last chunk of a 2,000-token prompt
-    (1, 100, 2100),  # two blocks of keys, the first rows seeing none of the second
-    (1, 300, 4500),  # three blocks, each row's running maximum rescaled twice
+    (1, 100, 2100),  # several blocks of keys, the first rows seeing none of the last
+    (1, 300, 4500),  # many blocks, each row's running maximum rescaled again and again
+    (1, 40, 530),  # the chunk's own keys across a block's end
+    (1, 5, 517),  # a last block of 5 keys: tiles of 4 and 1
 ])
-@pytest.mark.parametrize(("num_q_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 16), (8, 2, 128)])
+@pytest.mark.parametrize(("num_q_heads", "num_kv_heads", "head_dim"), [
+    (9, 3, 64), (4, 4, 16), (8, 2, 128),
+    (2, 1, 20), (3, 3, 7),  # head dims in tiles of 8, then of 4, 2 and 1
+])
 def test_matches_dense_attention(n: int, length: int, context: int, num_q_heads: int, num_kv_heads: int,
                                  head_dim: int) -> None:
     q, k, v = _case(n, length, context, num_q_heads, num_kv_heads, head_dim, seed=length + context)
