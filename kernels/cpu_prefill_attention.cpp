@@ -31,19 +31,24 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kLanes = Vec::size();
 
-// Tiles held in registers: 32 vector registers with AVX-512, 16 with AVX2 (NEON's 32 run the latter).
+// Tiles held in registers: 32 vector registers with AVX-512, 16 with AVX2 (NEON's 32 run the latter), and
+// the keys a block's scores cover. Each was the fastest of those timed side by side: on a 2-core Zen 4 for
+// AVX-512 (blocks of 256 or 1,024 keys 1-8 % slower); on a 2-core Zen 3 for AVX2, where a block's scores
+// held in the first-level cache took 0.83-0.92 of the time that 512 keys in 2 x 6 tiles did
+// (docs/cpu-performance.md).
 #if defined(CPU_CAPABILITY_AVX512)
-constexpr int kRowVectors = 3;  // a tile's rows: 48
-constexpr int kKeysAtOnce = 8;  // a scores tile: 8 keys x 3 row vectors = 24 sums
-constexpr int kDimsAtOnce = 8;  // a values tile: 8 head dims x 3 row vectors
+constexpr int kRowVectors = 3;        // a tile's rows: 48
+constexpr int kKeysAtOnce = 8;        // a scores tile: 8 keys x 3 row vectors = 24 sums
+constexpr int kDimsAtOnce = 8;        // a values tile: 8 head dims x 3 row vectors
+constexpr int64_t kBlockKeys = 512;   // 96 KB of scores at 48 rows, in the second-level cache
 #else
-constexpr int kRowVectors = 2;
-constexpr int kKeysAtOnce = 6;
-constexpr int kDimsAtOnce = 6;
+constexpr int kRowVectors = 3;        // 24 rows with AVX2
+constexpr int kKeysAtOnce = 4;        // 12 sums, 3 row vectors of queries and a key's element: 16 registers
+constexpr int kDimsAtOnce = 4;
+constexpr int64_t kBlockKeys = 128;   // 24 KB of scores at 48 rows, in the first-level cache
 #endif
 constexpr int64_t kTileRows = kRowVectors * kLanes;  // a task's rows are padded to whole tiles
 constexpr int64_t kTaskRows = 48;                     // query rows (positions times the heads sharing a KV head)
-constexpr int64_t kBlockKeys = 512;                   // keys a block's scores cover: 96 KB of them at 48 rows
 
 // sT[j][r] = sum_d keys[j][d] * qT[d][r], for KEYS keys and one tile of rows.
 template <int KEYS>
