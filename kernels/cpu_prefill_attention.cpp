@@ -11,7 +11,8 @@
 // sees (the rest zeroed), then the values' weighted sums (tiles of head dims by rows), added to the
 // earlier blocks' once those are rescaled to the new running maximum. This replaced two BLAS products a
 // block, whose packing of keys, values and scores took a quarter of the kernel's time (`perf`, one thread,
-// SmolLM2's heads, 2-core Zen 4); against them it takes 0.82-0.84 of the time (docs/cpu-performance.md).
+// SmolLM2's heads, 2-core Zen 4); against them it takes 0.82-0.84 of the time there, and about theirs on a
+// 2-core Zen 3's AVX2 (docs/cpu-performance.md).
 // Threads take runs of tasks of about equal work.
 
 #include <ATen/ATen.h>
