@@ -1,5 +1,6 @@
 """The C++ decode attention kernel (kernels/cpu_paged_decode.cpp) against the reference: every head
-size it is built for, query heads per KV head past the four it holds at once, one sequence per task,
+size it is built for, one to seven query heads per KV head (each count of the four whose sums it holds
+at once, and past them), one sequence per task,
 a sequence's positions in parts, tasks shared by 1-4 threads, bfloat16 and float16
 caches, and the arguments it refuses; an eager engine decoding
 through it gives the fused attention's tokens."""
@@ -49,7 +50,7 @@ def case(context_lens: list[int], head_dim: int, num_kv_heads: int, group: int, 
 
 
 @pytest.mark.parametrize("head_dim", cpu_paged_decode.HEAD_DIMS)
-@pytest.mark.parametrize(("num_kv_heads", "group"), [(1, 1), (3, 3), (2, 4), (2, 7)])
+@pytest.mark.parametrize(("num_kv_heads", "group"), [(1, 1), (3, 3), (2, 4), (1, 6), (2, 7)])
 @pytest.mark.parametrize("context_lens", [[1, 16, 17, 37], [5, 700] + [33] * 10, [700]])  # heads; sequences; one
 def test_the_kernel_matches_the_reference(head_dim: int, num_kv_heads: int, group: int,
                                           context_lens: list[int]) -> None:
