@@ -89,7 +89,7 @@ def test_a_half_width_cache_is_read_as_its_float32_values(dtype: torch.dtype) ->
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_a_decode_group_through_the_kernel_equals_the_tensor_operations(dtype: torch.dtype) -> None:
-    q, k_cache, v_cache, tables, read_slots, lens = case([37, 20, 33, 40, 64], 16, 2, 3, seed=9, dtype=dtype)
+    q, k_cache, v_cache, _, read_slots, lens = case([37, 20, 33, 40, 64], 16, 2, 3, seed=9, dtype=dtype)
     q = q.to(dtype)
     k, v = (torch.randn(len(lens), 2, 16, generator=torch.Generator().manual_seed(10)).to(dtype) for _ in range(2))
     last = lens - 1
