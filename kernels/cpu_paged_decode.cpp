@@ -29,6 +29,7 @@ using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kPrefetchRows = 8;  // slot rows asked for ahead of the one being read
 constexpr int kHeadsAtOnce = 4;       // query heads whose weighted sums of values are held in registers
 constexpr int64_t kCacheLine = 64;
+// Vector registers to hold sums in: AVX-512's 32, else AVX2's 16 (NEON's 32 counted as 16, to be safe).
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int kVectorRegisters = 32;
 #else
@@ -95,15 +96,15 @@ inline void exponentiate(float* scores, int64_t heads, int64_t len, const float*
 }
 
 // The values' weighted sums of G query heads that share a KV head, over `len` positions, each times its
-// head's 1 / sum of exponentials: `weights` holds each head's row of `len`, a slot's values for the KV head
-// lie `at` floats into its row. The G heads' sums stay in registers, a few vectors of the head dimension
-// at a time beside each head's weight and the values' vector; over a run-time count of heads, AVX2's 16
-// registers could not hold them and every product's sum went through memory (SmolLM2's heads, Zen 3,
-// both built side by side: 0.82-0.87 of the time from the third-level cache, over 30 layers' caches
-// from memory 0.94-0.95 float32 and 0.78 float16; docs/cpu-performance.md).
+// head's 1 / sum of exponentials: `weights` holds each head's row of `len`, a slot's values for the KV
+// head lie `head_offset` floats into its row. The G heads' sums stay in registers, a few vectors of the
+// head dimension at a time beside each head's weight and the values' vector; over a run-time count of
+// heads, AVX2's 16 registers could not hold them and every product's sum went through memory (SmolLM2's
+// heads, Zen 3, both built side by side: 0.82-0.87 of the time from the third-level cache, over 30
+// layers' caches from memory 0.94-0.95 float32 and 0.78 float16; docs/cpu-performance.md).
 template <typename kv_t, int D, int G>
 void weigh_values(const float* weights, int64_t len, const kv_t* v_cache, const int64_t* slots, int64_t row,
-                  int64_t at, const float* inverse_sums, float* out) {
+                  int64_t head_offset, const float* inverse_sums, float* out) {
   constexpr int W = Vec::size(), C = D / W;
   constexpr int fit = (kVectorRegisters - 1 - G) / G;  // vectors of sums a head, beside its weight and a value
   constexpr int CC = fit >= C ? C : fit >= 8 ? 8 : fit >= 4 ? 4 : fit >= 2 ? 2 : 1;
@@ -113,7 +114,7 @@ void weigh_values(const float* weights, int64_t len, const kv_t* v_cache, const 
     for (int g = 0; g < G; ++g)
       for (int c = 0; c < CC; ++c) acc[g][c] = Vec(0.f);
     for (int64_t s = 0; s < len; ++s) {
-      const kv_t* values = v_cache + slots[s] * row + at + c0 * W;
+      const kv_t* values = v_cache + slots[s] * row + head_offset + c0 * W;
       Vec weight[G];
       for (int g = 0; g < G; ++g) weight[g] = Vec(weights[g * len + s]);
       for (int c = 0; c < CC; ++c) {
