@@ -17,6 +17,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -107,8 +108,8 @@ void weigh_values(const float* weights, int64_t len, const kv_t* v_cache, const 
                   int64_t head_offset, const float* inverse_sums, float* out) {
   constexpr int W = Vec::size(), C = D / W;
   constexpr int fit = (kVectorRegisters - 1 - G) / G;  // vectors of sums a head, beside its weight and a value
-  constexpr int CC = fit >= C ? C : fit >= 8 ? 8 : fit >= 4 ? 4 : fit >= 2 ? 2 : 1;
-  static_assert(C % CC == 0, "whole runs of vectors");
+  constexpr int CC = static_cast<int>(std::bit_floor(static_cast<unsigned>(std::min(fit, C))));  // C's a power of 2
+  static_assert(CC >= 1 && C % CC == 0, "whole runs of vectors");
   for (int c0 = 0; c0 < C; c0 += CC) {
     Vec acc[G][CC];
     for (int g = 0; g < G; ++g)
