@@ -25,6 +25,8 @@ VARIANTS: dict[str, dict] = {
     "float32+compile+tensor_attention": dict(dtype="float32", cpu_compile="on", cpu_attention_kernel=False),
     # Every logit of a greedy row in float32, not the bfloat16 screen and its rescoring: the screen's baseline.
     "float32+compile+full_output": dict(dtype="float32", cpu_compile="on", cpu_output_screen=False),
+    # The projections through oneDNN's packs, not the panel kernel: the kernel's baseline.
+    "float32+compile+onednn": dict(dtype="float32", cpu_compile="on", cpu_panel_products=False),
     # Float32 weights over a float16 KV cache: llama.cpp's own default pairing (f32 weights, f16 cache).
     "float32+compile+f16_kv": dict(dtype="float32", cpu_compile="on", kv_cache_dtype="float16"),
     "float32+compile+bf16_kv": dict(dtype="float32", cpu_compile="on", kv_cache_dtype="bfloat16"),

@@ -50,7 +50,7 @@ from torch.export import Dim, ExportedProgram
 from services.worker.engine.attention import AttentionMetadata, DecodeGroupMetadata
 from services.worker.engine.block_pool import NULL_BLOCK_ID
 from services.worker.engine.cpu_graph_store import DecodeLibrary, Shapes, load_or_build, shapes_of
-from services.worker.engine.cpu_linear import CpuLinear
+from services.worker.engine.cpu_linear import CpuLinear, traced_dense
 from services.worker.engine.model import KVCache, LlamaModel
 from services.worker.engine.quantize import scheme_of
 from services.worker.engine.shared_weights import SharedWeights, tensor_bytes
@@ -63,12 +63,15 @@ class GraphPlan:
     """Steps of up to max_rows rows (None: any) run the graphs compiled with these inductor options
     (set around the compiling calls: torch.compile's `options` do not reach the freezing passes),
     one graph per warm-up batch. An exported graph's float32 projections are traced with the weights
-    the eager path packed for oneDNN (cpu_linear.py), which freezing would otherwise pack from the
-    dense ones: the products it keeps, or what autotuning packs for kernels of its own."""
+    the eager path packed (cpu_linear.py), which freezing would otherwise pack from the dense ones:
+    the products it keeps, or what autotuning packs for kernels of its own. With dense_products, those
+    held in the panel kernel's layout are traced as linears over their dense weights, for autotuning
+    to time inductor's kernels against oneDNN's."""
 
     max_rows: int | None
     inductor_options: dict
     warmup_batches: tuple[int, ...]
+    dense_products: bool = False
 
 
 # A few rows read the weights more than they multiply: max_autotune times inductor's own GEMM
@@ -87,7 +90,7 @@ class GraphPlan:
 # load of the attention's keys and values cost as much as a third of its time.
 FROZEN = {"freezing": True, "assert_indirect_indexing": False}
 AUTOTUNED = {**FROZEN, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
-FEW_ROWS = GraphPlan(max_rows=5, inductor_options=AUTOTUNED, warmup_batches=(1, 2))
+FEW_ROWS = GraphPlan(max_rows=5, inductor_options=AUTOTUNED, warmup_batches=(1, 2), dense_products=True)
 MANY_ROWS = GraphPlan(max_rows=None, inductor_options=FROZEN, warmup_batches=(8,))
 QUANTIZED = GraphPlan(max_rows=None, inductor_options=AUTOTUNED, warmup_batches=(1, 2))
 # Autotuning times each kernel on weights that stay in the cache, where a step reads them from memory.
@@ -245,7 +248,8 @@ def weights_digest(model: nn.Module) -> str | None:
         digest.update(tensor_bytes(tensor))
     for name, module in model.named_modules():
         if isinstance(module, CpuLinear):
-            digest.update(f"{name} packed from {module.dense_digest.hex()};".encode())
+            layout = "panels" if module.in_panels else "oneDNN"
+            digest.update(f"{name} packed for {layout} from {module.dense_digest.hex()};".encode())
     return digest.hexdigest()
 
 
@@ -351,22 +355,25 @@ class CpuDecodeGraphs:
 
     def _load_libraries(self, digest: str) -> None:
         """Every plan's graphs from the store, each built first where it has none. Finding their keys
-        takes a trace of the step for one row and one for more: traced at any number of rows from two
-        on, the step is the same graph (export refuses a size it cannot leave free), and only a build
-        traces it again at its plan's own warm-up batch, whose sizes inductor takes as hints. SmolLM2
-        float32's two-row and eight-row traces had the same key; a trace takes ~6 s on two cores."""
+        takes a trace of the step for one row and one for more (for each way of tracing its products):
+        traced at any number of rows from two on, the step is the same graph (export refuses a size it
+        cannot leave free), and only a build traces it again at its plan's own warm-up batch, whose
+        sizes inductor takes as hints. SmolLM2 float32's two-row and eight-row traces had the same key;
+        a trace takes ~6 s on two cores."""
         model = _sharing_weights(self.model)
         shared = SharedWeights(named_tensors_of(self.model))
-        traced: dict[tuple[bool, bool], tuple[int, ExportedProgram]] = {}  # (one row, output layer): (batch, program)
+        # (one row, output layer, dense products): (batch, program)
+        traced: dict[tuple[bool, bool, bool], tuple[int, ExportedProgram]] = {}
         for plan, output_layer in zip(self.plans, self.output_layers, strict=True):
             step = _ExportedStep(model, output_layer)
             libraries = []
             for batch in plan.warmup_batches:
-                key = batch == 1, output_layer
+                key = batch == 1, output_layer, plan.dense_products
                 if key not in traced:
-                    traced[key] = batch, self._export(step, batch)
+                    traced[key] = batch, self._export(step, batch, plan.dense_products)
                 traced_at, program = traced[key]
-                trace_to_build = None if traced_at == batch else functools.partial(self._export, step, batch)
+                trace_to_build = (None if traced_at == batch
+                                  else functools.partial(self._export, step, batch, plan.dense_products))
                 with compiling(plan, digest):
                     library = load_or_build(self.store, program, digest, plan.inductor_options,
                                             self._shapes(program), shared, trace_to_build)
@@ -375,9 +382,10 @@ class CpuDecodeGraphs:
                 libraries.append(library)
             self.libraries.append(libraries)
 
-    def _export(self, step: nn.Module, batch: int) -> ExportedProgram:
+    def _export(self, step: nn.Module, batch: int, dense_products: bool) -> ExportedProgram:
         """The step traced at a warm-up batch: one row, or any number of two or more, reading any number
-        of positions of a pool of any number of blocks (so the pool's size is not in the store's key)."""
+        of positions of a pool of any number of blocks (so the pool's size is not in the store's key);
+        with dense_products, its projections as linears over their dense weights."""
         rows = Dim.STATIC if batch == 1 else Dim.DYNAMIC
         per_row, pool = {0: rows}, {0: Dim.DYNAMIC}
         dims = (per_row, per_row, per_row, {0: rows, 1: Dim.DYNAMIC}, {0: rows, 3: Dim.DYNAMIC},
@@ -385,7 +393,8 @@ class CpuDecodeGraphs:
         ids, positions, group, caches = self._warmup_args(batch)
         args = (ids, positions, group.slot_mapping, group.read_slots, group.visible, group.lengths, caches)
         # Each node's Python stack, kept for error messages, took ~1.4 s of a SmolLM2 trace's ~7.5.
-        with unittest.mock.patch.object(fx_config, "do_not_emit_stack_traces", True):
+        dense = traced_dense() if dense_products else contextlib.nullcontext()
+        with unittest.mock.patch.object(fx_config, "do_not_emit_stack_traces", True), dense:
             return torch.export.export(step, args, dynamic_shapes=dims)
 
     def _shapes(self, program: ExportedProgram) -> Shapes:

@@ -1,4 +1,4 @@
-"""Float32 projections on a CPU through oneDNN, each weight packed once into oneDNN's own layout.
+"""Float32 projections on a CPU through packed weights: oneDNN's own layout, or the panel kernel's.
 
 PyTorch's linear hands float32 to MKL's GEMM, which on the AMD machines measured reads the weights
 well below memory bandwidth at a decode step's few rows and computes a prompt chunk's many at half
@@ -7,15 +7,28 @@ the op inductor itself emits for frozen float32 linears) was faster at every Smo
 (2-core AVX-512 EPYC, loadtest/bench_cpu_linear.py): the output layer 2.1x at one row and 1.7x at
 64, the MLP's gate/up 2.4x at one row, 1.3x at 64 and 1.4x at 512.
 
-A graph exported from the model (cpu_graphs.py) is traced with these packed weights, which
-inductor's freezing keeps for its oneDNN products or repacks for GEMM kernels of its own.
+Where the panel kernel builds (kernels/cpu_panel_linear.py: AVX2 or AVX-512), a projection's weight is laid
+out in its panels instead, which asks for the weights ahead of its arithmetic and beat oneDNN's at
+every row count measured; oneDNN's packs serve elsewhere, and the bfloat16 screen
+(screened_output.py) through `pack` and `project`.
+
+A graph exported from the model (cpu_graphs.py) is traced with the weights as held: the many-rows
+graph multiplies with them. Traced for autotuning (`traced_dense`), a projection is a linear over its
+dense weight, unpacked by operations that freezing folds, so that inductor times its own GEMM kernels
+against oneDNN's and packs what it picks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from kernels import cpu_panel_linear
 from services.worker.engine.model import LlamaModel
 from services.worker.engine.shared_weights import tensor_digest
 
@@ -32,30 +45,50 @@ def project(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = N
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-class CpuLinear(nn.Module):
-    """A linear layer whose product goes through the packed weight, the only copy it keeps. The digest
-    of the dense weight it was packed from stands for it in the keys of the stored graphs
-    (cpu_graphs.weights_digest)."""
+_TRACED_DENSE = contextvars.ContextVar("traced_dense", default=False)
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+
+@contextlib.contextmanager
+def traced_dense() -> Iterator[None]:
+    """Within it, projections held in panels trace as linears over their dense weights."""
+    token = _TRACED_DENSE.set(True)
+    try:
+        yield
+    finally:
+        _TRACED_DENSE.reset(token)
+
+
+class CpuLinear(nn.Module):
+    """A linear layer whose product goes through its packed weight, the only copy it keeps: in the panel
+    kernel's layout where it builds (`in_panels`), else oneDNN's. The digest of the dense weight it was
+    packed from stands for it in the keys of the stored graphs (cpu_graphs.weights_digest)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, panels: bool = True) -> None:
         super().__init__()
-        self.packed = pack(weight)
+        self.out_features = weight.shape[0]
+        self.in_panels = panels and cpu_panel_linear.available()
+        self.packed = cpu_panel_linear.pack(weight) if self.in_panels else pack(weight)
         self.dense_digest = tensor_digest(weight)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return project(x, self.packed, self.bias)
+        if not self.in_panels:
+            return project(x, self.packed, self.bias)
+        if _TRACED_DENSE.get():
+            return F.linear(x, cpu_panel_linear.unpack(self.packed, self.out_features), self.bias)
+        return cpu_panel_linear.project(x, self.packed, self.out_features, self.bias)
 
 
-def use_cpu_linear_(model: LlamaModel) -> LlamaModel:
+def use_cpu_linear_(model: LlamaModel, panels: bool = True) -> LlamaModel:
     """Swap every float32 projection, and the output layer, for CpuLinear, in place: the dense weights
-    go (but the embedding's, where the output layer shares it)."""
+    go (but the embedding's, where the output layer shares it). panels: in the panel kernel's layout
+    where it builds; else oneDNN's."""
     for layer in model.layers:
         for owner, name in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
                             (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")):  # fmt: skip
             linear = getattr(owner, name)
             bias = None if linear.bias is None else linear.bias.data
-            setattr(owner, name, CpuLinear(linear.weight.data, bias))
+            setattr(owner, name, CpuLinear(linear.weight.data, bias, panels))
     output = model.embed_tokens if model.lm_head is None else model.lm_head
-    model.lm_head = CpuLinear(output.weight.data)
+    model.lm_head = CpuLinear(output.weight.data, panels=panels)
     return model

@@ -251,7 +251,7 @@ def load_engine_model(spec: ModelSpec, settings: EngineSettings, device: torch.d
     if settings.quantization != "none":
         quantize_(model, settings.quantization)
     elif float32_on_cpu and torch.backends.mkldnn.is_available():
-        use_cpu_linear_(model)  # oneDNN's packed float32 GEMM
+        use_cpu_linear_(model, panels=settings.cpu_panel_products)  # packed float32 products
     return model, tokenizer
 
 
