@@ -48,6 +48,7 @@ constexpr int64_t kLine = 64;
 at::Tensor pack_panels(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
               "weight: a (N, K) float32 CPU tensor");
+  TORCH_CHECK(weight.size(0) > 0 && weight.size(1) > 0, "weight: at least one row and one input");
   const int64_t n = weight.size(0), k = weight.size(1), panels = (n + NR - 1) / NR;
   at::Tensor padded = at::zeros({panels * NR, k}, weight.options());
   padded.narrow(0, 0, n).copy_(weight);
@@ -127,6 +128,7 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, int64_t n
                   panels.scalar_type() == at::kFloat,
               "panels: (P, K, ", NR, ") float32, contiguous, from pack_panels");
   const int64_t k = panels.size(1), count = panels.size(0);
+  TORCH_CHECK(k > 0 && count > 0, "panels: at least one panel of one input");
   TORCH_CHECK(x.size(-1) == k, "x: ", k, " inputs a row");
   TORCH_CHECK(n > (count - 1) * NR && n <= count * NR, "n: ", n, " does not fit ", count, " panels");
   TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->numel() == n && bias->is_contiguous()),

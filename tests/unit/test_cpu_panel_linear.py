@@ -70,12 +70,14 @@ def test_what_it_refuses_is_an_error_not_a_crash() -> None:
         (torch.randn(4, 32), panels, 50, torch.randn(49)),  # a bias of another length
         (torch.randn(4, 32), panels.transpose(1, 2), 50, None),  # not the layout
         (torch.randn(4, 32), panels.double(), 50, None),
+        (torch.randn(4, 0), panels[:, :0], 50, None),  # no inputs
     ]
     for x, p, n, b in cases:
         with pytest.raises(RuntimeError):
             cpu_panel_linear.project(x, p, n, b)
-    with pytest.raises(RuntimeError):
-        cpu_panel_linear.pack(torch.randn(50, 32, dtype=torch.float16))
+    for weight in (torch.randn(50, 32, dtype=torch.float16), torch.randn(50, 0), torch.randn(0, 32), torch.randn(50)):
+        with pytest.raises(RuntimeError):
+            cpu_panel_linear.pack(weight)
 
 
 def test_cpu_linear_holds_panels_or_onednns_pack_as_asked() -> None:
