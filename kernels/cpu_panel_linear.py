@@ -4,8 +4,8 @@ built on first use.
 oneDNN's packed float32 products (services/worker/engine/cpu_linear.py) wait on the weights between
 blocks of their work at a decode step's rows; this kernel asks for each panel's weights while it
 multiplies the one before. SmolLM2's four products a layer, 30 layers' weights in turn, 2 threads on
-a 2-core Zen 4 (loadtest/bench_cpu_panel_linear.py): 0.62-0.97 of oneDNN's time from one row to 512,
-0.87-0.93 at 64; both limited to AVX2 there, 0.46-0.93. It serves CPUs with AVX2 or AVX-512;
+a 2-core Zen 4 (loadtest/bench_cpu_panel_linear.py): 0.70-0.98 of oneDNN's time from one row to 512,
+0.82 at 64; both limited to AVX2 there, 0.52-0.97. It serves CPUs with AVX2 or AVX-512;
 elsewhere, and where it cannot be built, projections stay oneDNN's.
 """
 
