@@ -32,6 +32,8 @@ VARIANTS: dict[str, dict] = {
     "float32+compile+bf16_kv": dict(dtype="float32", cpu_compile="on", kv_cache_dtype="bfloat16"),
     "bfloat16": dict(dtype="bfloat16"),
     "bfloat16+compile": dict(dtype="bfloat16", cpu_compile="on"),
+    # Bfloat16 projections through oneDNN's products (frozen into the graphs), not the panel kernel.
+    "bfloat16+compile+onednn": dict(dtype="bfloat16", cpu_compile="on", cpu_panel_products=False),
     "int8": dict(dtype="float32", quantization="int8"),
     "int8+compile": dict(dtype="float32", quantization="int8", cpu_compile="on"),
     "int4": dict(dtype="float32", quantization="int4"),

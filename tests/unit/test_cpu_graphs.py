@@ -11,6 +11,7 @@ import threading
 import pytest
 import torch
 
+from kernels import cpu_panel_linear
 from services.worker.engine import cpu_graph_store, cpu_graphs, shared_weights
 from services.worker.engine.attention import AttentionMetadata
 from services.worker.engine.cpu_graphs import (
@@ -26,7 +27,7 @@ from services.worker.engine.cpu_graphs import (
     step_inputs,
     weights_digest,
 )
-from services.worker.engine.cpu_linear import use_cpu_linear_
+from services.worker.engine.cpu_linear import CpuLinear, use_cpu_linear_
 from services.worker.engine.engine import Engine
 from services.worker.engine.library_call import releases_gil
 from services.worker.engine.model import LlamaModel
@@ -264,10 +265,19 @@ class EagerBesideGraphs(ModelRunner):
         return logits
 
 
-def test_bfloat16_compiles_one_module_for_every_batch_with_the_eager_logits(tiny: LlamaModel, one_torch_thread) -> None:
-    """oneDNN's bfloat16 products outrun the autotuned kernels at a few rows too (cpu_graphs.BFLOAT16)."""
+@pytest.mark.parametrize("panels", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not cpu_panel_linear.available(torch.bfloat16), reason="bfloat16 panels need AVX512_BF16's dot products"))])
+def test_bfloat16_compiles_one_module_for_every_batch_with_the_eager_logits(tiny: LlamaModel, panels: bool,
+                                                                           one_torch_thread) -> None:
+    """oneDNN's bfloat16 products outrun the autotuned kernels at a few rows too (cpu_graphs.BFLOAT16), and so
+    do the panels, which the graphs call as the eager steps do."""
     settings = EngineSettings(num_kv_blocks=64, cpu_compile="on")
-    engine = Engine(copy.deepcopy(tiny).to(torch.bfloat16), settings, 512, eos_token_ids=(), runner_cls=EagerBesideGraphs)
+    model = copy.deepcopy(tiny).to(torch.bfloat16)
+    if panels:
+        use_cpu_linear_(model)
+        assert all(isinstance(layer.mlp.down_proj, CpuLinear) and layer.mlp.down_proj.in_panels
+                   for layer in model.layers)
+    engine = Engine(model, settings, 512, eos_token_ids=(), runner_cls=EagerBesideGraphs)
     graphs = engine.runner.decode_graphs
     assert not graphs.failed and graphs.plans == (BFLOAT16,) and graphs.plan_for(1) == graphs.plan_for(64) == 0
     for batch in ([list(range(7, 29))], [list(range(100 + 3 * i, 130 + 3 * i)) for i in range(FEW_ROWS.max_rows + 1)]):

@@ -1,7 +1,8 @@
 """The C++ panel projection (kernels/cpu_panel_linear.cpp) against linear: every tile height, a
 panel's columns cut short, inputs not a multiple of its step, a bias, batch dimensions and strided
 inputs, 1-2 threads; the layout unpacks to the dense weight; the arguments it refuses; and CpuLinear
-holding its weight in panels or oneDNN's pack as asked."""
+holding its weight in panels or oneDNN's pack as asked. In bfloat16 (where the CPU has AVX512_BF16),
+the same against float32's product of the same values rounded once to bfloat16."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import torch.nn.functional as F
 
 from kernels import cpu_panel_linear
 from services.worker.engine.cpu_linear import CpuLinear, traced_dense
+from services.worker.engine.llm_engine import load_engine_model
+from services.worker.engine.settings import EngineSettings
+from shared.models.spec import resolve_model
 
 pytestmark = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in cpu_panel_linear.BUILT_FOR,
                                 reason="the panel kernel has registers for AVX2 and AVX-512 alone")
@@ -48,7 +52,7 @@ def test_the_layout_unpacks_to_the_dense_weight() -> None:
     weight = torch.randn(2 * width() + 3, 24)
     panels = cpu_panel_linear.pack(weight)
     assert panels.shape == (3, 24, width())
-    assert torch.equal(cpu_panel_linear.unpack(panels, len(weight)), weight)
+    assert torch.equal(cpu_panel_linear.unpack(panels, *weight.shape), weight)
     assert torch.equal(panels[-1, :, 3:], torch.zeros(24, width() - 3))  # the last panel's missing columns
 
 
@@ -78,6 +82,72 @@ def test_what_it_refuses_is_an_error_not_a_crash() -> None:
     for weight in (torch.randn(50, 32, dtype=torch.float16), torch.randn(50, 0), torch.randn(0, 32), torch.randn(50)):
         with pytest.raises(RuntimeError):
             cpu_panel_linear.pack(weight)
+
+
+bfloat16_panels = pytest.mark.skipif(not cpu_panel_linear.available(torch.bfloat16),
+                                     reason="bfloat16 panels need AVX512_BF16's dot products")
+
+
+@bfloat16_panels
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows", [0, 1, 3, 8, 9, 17, 64])
+def test_bfloat16_panels_round_float32s_product_once(rows: int, threads: int) -> None:
+    """Each pair's products are exact in float32 and summed there: the result is float32's product of the
+    same bfloat16 values, up to the order of the sums, rounded to bfloat16 once (oneDNN's rounds so too)."""
+    generator = torch.Generator().manual_seed(rows)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for n, k in ((3 * width(), 64), (2 * width() + 5, 40), (1, 9), (width() - 1, 131)):  # odd K: a half pair
+            weight = torch.randn(n, k, generator=generator).bfloat16()
+            bias = torch.randn(n, generator=generator).bfloat16()
+            panels = cpu_panel_linear.pack(weight)
+            assert panels.shape == (-(-n // width()), -(-k // 2), 2 * width())
+            x = torch.randn(rows, k, generator=generator).bfloat16()
+            for b in (None, bias):
+                out = cpu_panel_linear.project(x, panels, n, b)
+                assert out.shape == (rows, n) and out.dtype == torch.bfloat16 and out.is_contiguous()
+                exact = F.linear(x.float(), weight.float(), None if b is None else b.float())
+                torch.testing.assert_close(out.float(), exact, rtol=2**-8, atol=1e-4)  # bfloat16's half ulp
+    finally:
+        torch.set_num_threads(before)
+
+
+@bfloat16_panels
+def test_bfloat16_layout_unpacks_and_what_it_refuses() -> None:
+    weight = torch.randn(2 * width() + 3, 25).bfloat16()
+    panels = cpu_panel_linear.pack(weight)
+    assert torch.equal(cpu_panel_linear.unpack(panels, *weight.shape), weight)
+    x = torch.randn(4, 25).bfloat16()
+    cases = [
+        (x.float(), panels, None),  # inputs of another dtype than the panels'
+        (torch.randn(4, 23).bfloat16(), panels, None),  # a whole pair short
+        (x, panels, torch.randn(len(weight))),  # a float32 bias to bfloat16 panels
+        (x, panels.float(), None),  # bfloat16's layout in float32
+    ]
+    for inputs, p, b in cases:
+        with pytest.raises(RuntimeError):
+            cpu_panel_linear.project(inputs, p, len(weight), b)
+
+
+@bfloat16_panels
+def test_cpu_linear_holds_bfloat16_in_panels() -> None:
+    weight, x = torch.randn(50, 32).bfloat16(), torch.randn(9, 32).bfloat16()
+    layer = CpuLinear(weight)
+    assert layer.in_panels and layer.packed.dtype == torch.bfloat16
+    torch.testing.assert_close(layer(x).float(), F.linear(x.float(), weight.float()), rtol=2**-8, atol=1e-4)
+
+
+@bfloat16_panels
+@pytest.mark.parametrize("panels", [True, False])
+def test_a_bfloat16_engines_projections_are_in_panels_unless_asked_not(panels: bool) -> None:
+    """Off, they stay linears, which the compiled graphs freeze into oneDNN's bfloat16 products."""
+    settings = EngineSettings(dtype="bfloat16", cpu_panel_products=panels)
+    model, _ = load_engine_model(resolve_model("tiny"), settings, torch.device("cpu"))
+    projections = [layer.self_attn.qkv_proj for layer in model.layers] + [model.lm_head]
+    in_panels = [isinstance(p, CpuLinear) and p.in_panels for p in projections]
+    assert in_panels == [panels] * len(projections)
+    assert model.embed_tokens.weight.dtype == torch.bfloat16
 
 
 def test_cpu_linear_holds_panels_or_onednns_pack_as_asked() -> None:

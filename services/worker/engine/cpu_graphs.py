@@ -109,7 +109,8 @@ INT8_KERNEL_CAPABILITIES = ("AVX2", "AVX512")  # torch.backends.cpu's names of t
 # SmolLM2 on a 2-core Zen 5 EPYC, ms a step, rounds taking turns: one row 8.2, 8.4, 9.7 against
 # 13.8, 13.4, 13.8; 4 rows 10.6, 10.8, 10.7 against 19.9, 19.2, 19.0 (the autotuned kernels are
 # timed on weights that fit in the cache, where a step reads them from memory). Float32's one row
-# is the other way round there too: 17.8, 17.1 against 33.9, 30.7.
+# is the other way round there too: 17.8, 17.1 against 33.9, 30.7. Where the CPU has AVX512_BF16, the
+# projections are the panel kernel's (cpu_linear.py), traced as they are held.
 BFLOAT16 = GraphPlan(max_rows=None, inductor_options=FROZEN, warmup_batches=(1, 8))
 # The model's Python floats (each norm's epsilon, the attention's scale) never change, but under dynamic
 # shapes dynamo makes each an input of the graph: 91 numbers wrapped as tensors before every SmolLM2

@@ -1,4 +1,4 @@
-"""Float32 projections on a CPU through packed weights: oneDNN's own layout, or the panel kernel's.
+"""Projections on a CPU through packed weights: oneDNN's own layout, or the panel kernel's.
 
 PyTorch's linear hands float32 to MKL's GEMM, which on the AMD machines measured reads the weights
 well below memory bandwidth at a decode step's few rows and computes a prompt chunk's many at half
@@ -10,7 +10,9 @@ the op inductor itself emits for frozen float32 linears) was faster at every Smo
 Where the panel kernel builds (kernels/cpu_panel_linear.py: AVX2 or AVX-512), a projection's weight is laid
 out in its panels instead, which asks for the weights ahead of its arithmetic and beat oneDNN's at
 every row count measured; oneDNN's packs serve elsewhere, and the bfloat16 screen
-(screened_output.py) through `pack` and `project`.
+(screened_output.py) through `pack` and `project`. A bfloat16 model's projections go into panels where
+the CPU multiplies bfloat16 pairs (AVX512_BF16): oneDNN's bfloat16 products read the weights at half
+the rate the panels do at one row.
 
 A graph exported from the model (cpu_graphs.py) is traced with the weights as held: the many-rows
 graph multiplies with them. Traced for autotuning (`traced_dense`), a projection is a linear over its
@@ -65,8 +67,8 @@ class CpuLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, panels: bool = True) -> None:
         super().__init__()
-        self.out_features = weight.shape[0]
-        self.in_panels = panels and cpu_panel_linear.available()
+        self.out_features, self.in_features = weight.shape
+        self.in_panels = panels and cpu_panel_linear.available(weight.dtype)
         self.packed = cpu_panel_linear.pack(weight) if self.in_panels else pack(weight)
         self.dense_digest = tensor_digest(weight)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
@@ -75,14 +77,14 @@ class CpuLinear(nn.Module):
         if not self.in_panels:
             return project(x, self.packed, self.bias)
         if _TRACED_DENSE.get():
-            return F.linear(x, cpu_panel_linear.unpack(self.packed, self.out_features), self.bias)
+            return F.linear(x, cpu_panel_linear.unpack(self.packed, self.out_features, self.in_features), self.bias)
         return cpu_panel_linear.project(x, self.packed, self.out_features, self.bias)
 
 
 def use_cpu_linear_(model: LlamaModel, panels: bool = True) -> LlamaModel:
-    """Swap every float32 projection, and the output layer, for CpuLinear, in place: the dense weights
-    go (but the embedding's, where the output layer shares it). panels: in the panel kernel's layout
-    where it builds; else oneDNN's."""
+    """Swap every projection, and the output layer, for CpuLinear, in place: the dense weights go (but
+    the embedding's, where the output layer shares it). panels: in the panel kernel's layout where it
+    multiplies the weights' dtype; else oneDNN's."""
     for layer in model.layers:
         for owner, name in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
                             (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")):  # fmt: skip

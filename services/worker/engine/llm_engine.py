@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from llguidance import LLMatcher
 
+from kernels import cpu_panel_linear
 from services.worker.engine.block_pool import KVCacheListener
 from services.worker.engine.cpu_linear import use_cpu_linear_
 from services.worker.engine.detokenizer import IncrementalDetokenizer
@@ -247,11 +248,13 @@ def load_engine_model(spec: ModelSpec, settings: EngineSettings, device: torch.d
         torch.set_num_threads(settings.cpu_threads)
     dtype = None if settings.dtype == "auto" else getattr(torch, settings.dtype)
     model, tokenizer = load_model(spec, device, dtype)
-    float32_on_cpu = device.type == "cpu" and next(model.parameters()).dtype == torch.float32
+    weights = next(model.parameters()).dtype
     if settings.quantization != "none":
         quantize_(model, settings.quantization)
-    elif float32_on_cpu and torch.backends.mkldnn.is_available():
+    elif device.type == "cpu" and weights == torch.float32 and torch.backends.mkldnn.is_available():
         use_cpu_linear_(model, panels=settings.cpu_panel_products)  # packed float32 products
+    elif device.type == "cpu" and settings.cpu_panel_products and cpu_panel_linear.available(weights):
+        use_cpu_linear_(model)  # bfloat16 in panels; elsewhere the graphs' frozen linears pack it for oneDNN
     return model, tokenizer
 
 

@@ -5,7 +5,8 @@ A float32 model's output layer is the largest product of a step: 49,152 x 576 we
 a fifth of a step's arithmetic at 64 rows and of its bytes at one. A row decoded greedily, or sampled at
 a temperature from its whole vocabulary, with nothing done to its logits (no penalty, bias, top-k,
 top-p, seed or log-probabilities; a grammar's rows are checked after the draw, model_runner.py), needs neither every logit nor all of their float32 bits: the
-screen multiplies in bfloat16 through oneDNN, and the C++ kernel (kernels/cpu_screened_output.py)
+screen multiplies in bfloat16 (cpu_linear.py: in panels where the CPU has AVX512_BF16, else through
+oneDNN), and the C++ kernel (kernels/cpu_screened_output.py)
 rescores in float32 the tokens the screen's bounds leave open. A greedy row's token is the one every
 float32 logit would have picked; a sampled row's is drawn from the same softmax of float32 logits, by
 rejection from the bounds' envelope.
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from kernels import cpu_screened_output
-from services.worker.engine.cpu_linear import CpuLinear, pack, project
+from services.worker.engine.cpu_linear import CpuLinear
 from services.worker.engine.model import LlamaModel
 from services.worker.engine.sampler import FLOAT32_MAX, inverse_cdf
 from services.worker.engine.sampling_params import SamplingParams
@@ -49,13 +50,13 @@ class ScreenedOutput:
 
     def __init__(self, weight: torch.Tensor) -> None:  # (V, C) float32, kept (not copied)
         self.weight = weight.detach().contiguous()
-        self.screen = pack(self.weight.to(torch.bfloat16))
+        self.screen = CpuLinear(self.weight.to(torch.bfloat16))
         self.norms = self.weight.norm(dim=1)  # (V,)
 
     def tokens(self, hidden: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:  # (S, C) -> (S,)
         """Each row's token, greedy or drawn as its params say (rows the screen serves only: see `screens`)."""
         hidden = hidden.contiguous()
-        screen = project(hidden.to(torch.bfloat16), self.screen)  # (S, V) bfloat16
+        screen = self.screen(hidden.to(torch.bfloat16))  # (S, V) bfloat16
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
         attempts = 0 if all(p.greedy for p in params) else ATTEMPTS
         drawn = torch.rand(len(params), 2 * attempts, dtype=torch.float64)
