@@ -6,7 +6,7 @@ blocks of their work at a decode step's rows; this kernel asks for each panel's 
 multiplies the one before. SmolLM2's four products a layer, 30 layers' weights in turn, 2 threads on
 a 2-core Zen 4 (loadtest/bench_cpu_panel_linear.py): 0.70-0.98 of oneDNN's time from one row to 512,
 0.82 at 64; both limited to AVX2 there, 0.52-0.97. In bfloat16, against oneDNN's bfloat16 products:
-0.61 at one row, 0.87 at 64. It serves CPUs with AVX2 or AVX-512; elsewhere, and where it cannot be
+0.70 at one row, 0.59 at 16, 0.86 at 64. It serves CPUs with AVX2 or AVX-512; elsewhere, and where it cannot be
 built, projections stay oneDNN's.
 """
 
