@@ -9,8 +9,8 @@ the op inductor itself emits for frozen float32 linears) was faster at every Smo
 
 Where the panel kernel builds (kernels/cpu_panel_linear.py: AVX2 or AVX-512), a projection's weight is laid
 out in its panels instead, which asks for the weights ahead of its arithmetic and beat oneDNN's at
-every row count measured; oneDNN's packs serve elsewhere, and the bfloat16 screen
-(screened_output.py) through `pack` and `project`. A bfloat16 model's projections go into panels where
+every row count measured; oneDNN's packs serve elsewhere (`pack` and `project`). A bfloat16 weight,
+a model's projections or the output screen's (screened_output.py), goes into panels where
 the CPU multiplies bfloat16 pairs (AVX512_BF16): at one row oneDNN's bfloat16 products took 1.4x the
 panels' time, and a bfloat16 stream decoded slower than a float32 one.
 
